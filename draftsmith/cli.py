@@ -1,0 +1,57 @@
+"""The `draftsmith` command: one subcommand per stage of a drafter's life.
+
+    draftsmith train recipes/quickstart.yaml [key.sub=value ...] [--print-config] [--nproc N]
+    draftsmith validate recipes/...            # validate one or more recipes (directories are globbed)
+    draftsmith prepare recipe.yaml             # regenerate answers with the target / build the feature cache
+    draftsmith eval runs/NAME/final --workloads spec_bench,mt_bench --k 5
+    draftsmith export runs/NAME/final --to vllm|sglang|trtllm|hf --out DIR
+    draftsmith leaderboard results/*.json --out leaderboard/
+    draftsmith report results/run.json
+    draftsmith ls                              # drafter kinds, workloads, export formats, recipes
+
+Each subcommand lives in the module that owns its stage; that module provides
+`add_arguments(parser)` and `main(args) -> int`.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "train": ("draftsmith.train.cli", "train a drafter from a recipe"),
+    "validate": ("draftsmith.train.cli_validate", "validate recipes without running them"),
+    "prepare": ("draftsmith.data.cli", "regenerate answers with the target; build the offline feature cache"),
+    "eval": ("draftsmith.eval.cli", "run a drafter in the speculative loop and measure it"),
+    "export": ("draftsmith.export.cli", "export a drafter for vLLM, SGLang, TensorRT-LLM or HF"),
+    "leaderboard": ("draftsmith.report.cli_leaderboard", "build an acceptance leaderboard from result files"),
+    "report": ("draftsmith.report.cli_report", "show one result file in the terminal and as HTML"),
+    "ls": ("draftsmith.cli_ls", "list drafter kinds, workloads, export formats and recipes"),
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="draftsmith", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        if only is None or name == only:
+            module = importlib.import_module(module_name)
+            module.add_arguments(p)
+            p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    only = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    parser = build_parser(only)
+    args = parser.parse_args(argv)
+    if not getattr(args, "_module", None):
+        parser.print_help()
+        return 0 if not argv else 2
+    return int(args._module.main(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,369 @@
+"""Typed recipe schema, YAML loading, `key.sub=value` overrides and error reporting.
+
+A recipe is YAML data validated against the dataclasses below. Unknown keys are errors
+with a "did you mean" suggestion; every error in a recipe is reported at once; the
+resolved config (defaults filled in, overrides applied) is saved with every checkpoint,
+result and export.
+
+    from draftsmith import config
+    cfg = config.load("recipes/quickstart.yaml", ["train.max_steps=10"])
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """All problems found in one recipe, one per line."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{source}: {len(problems)} problem(s) in the recipe:\n{lines}")
+
+
+# --------------------------------------------------------------------------- schema
+
+
+@dataclass
+class TargetConfig:
+    # A local directory, a Hugging Face id, or "builtin:pycode-tiny" (the embedded default).
+    path: str = "builtin:pycode-tiny"
+    # Weights dtype of the frozen target; fp32 is exact on CPU, bf16 halves memory on GPU.
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # "auto" picks cuda when available, else cpu.
+    device: str = "auto"
+    # Hub revision (only for Hugging Face ids).
+    revision: Optional[str] = None
+    trust_remote_code: bool = False
+
+
+@dataclass
+class DataConfig:
+    # One or more files: JSONL/JSON conversations (ShareGPT or OpenAI form), plain text, or prompts.
+    path: list[str] = field(default_factory=list)
+    # "auto" detects the form per row.
+    format: Literal["auto", "sharegpt", "openai", "text", "prompts"] = "auto"
+    # Sequences are truncated to this many tokens (prompt + answer).
+    max_length: int = 512
+    # "auto": the tokenizer's chat template when it has one, else draftsmith's plain format.
+    chat_template: Literal["auto", "plain"] = "auto"
+    # Keep at most this many usable rows (None: all).
+    max_samples: Optional[int] = None
+    # Rows held out for evaluation during training (taken from the end of the data).
+    eval_samples: int = 0
+    # Text files are cut into chunks of this many tokens; loss on every token.
+    text_chunk_tokens: int = 256
+
+
+@dataclass
+class FeaturesConfig:
+    # online: target forward inside each step; offline: read the feature cache.
+    mode: Literal["online", "offline"] = "online"
+    # Where the offline feature cache lives (written by `draftsmith prepare --features`).
+    cache_dir: Optional[str] = None
+    # Storage dtype of cached hidden states.
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    # Rows per safetensors shard in the cache.
+    shard_rows: int = 256
+    # Rows per target forward while building the cache (memory vs speed; results are per row).
+    build_batch_size: int = 8
+
+
+@dataclass
+class DeepSpeedConfig:
+    zero_stage: Literal[0, 1, 2, 3] = 2
+    offload_optimizer: bool = False
+
+
+@dataclass
+class TrainConfig:
+    output_dir: str = "runs/default"
+    seed: int = 0
+    # Optimizer steps to run; an epoch count is derived from data when max_steps is None.
+    max_steps: Optional[int] = 100
+    epochs: int = 1
+    # Sequences per micro-batch on each rank.
+    batch_size: int = 4
+    grad_accum: int = 1
+    lr: float = 3.0e-4
+    # Cosine decays to lr * min_lr_ratio.
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 10
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    max_grad_norm: float = 1.0
+    # auto: bf16 autocast on CUDA with bf16 support, fp32 elsewhere.
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    log_every: int = 10
+    save_every: int = 0  # 0: only the final checkpoint
+    keep_last: int = 2
+    eval_every: int = 0
+    # Continue from the newest checkpoint in output_dir (true), a path, or start fresh (false).
+    resume: Union[bool, str] = False
+    # Warm start: load drafter weights only from a checkpoint or export directory.
+    init_from: Optional[str] = None
+    backend: Literal["single", "ddp", "fsdp2", "deepspeed"] = "single"
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    num_workers: int = 0
+
+
+@dataclass
+class LoggingConfig:
+    report_to: list[Literal["console", "wandb", "tensorboard"]] = field(default_factory=lambda: ["console"])
+    project: str = "draftsmith"
+    run_name: Optional[str] = None
+    # wandb mode: offline works with no network.
+    wandb_mode: Literal["online", "offline", "disabled"] = "offline"
+    progress_bar: bool = True
+
+
+@dataclass
+class RegenerateConfig:
+    # local: batched HF generate on the target; openai: an OpenAI-compatible HTTP server.
+    generator: Literal["local", "openai"] = "local"
+    endpoint: Optional[str] = None  # e.g. http://127.0.0.1:8000/v1
+    model: Optional[str] = None  # model name sent to the endpoint
+    api_key_env: str = "OPENAI_API_KEY"
+    max_new_tokens: int = 256
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    batch_size: int = 8
+    timeout_s: float = 120.0
+    output: Optional[str] = None  # JSONL written by `draftsmith prepare`
+    # Regenerate only the first N input rows (None: all); `draftsmith train` regenerates first when output is set.
+    limit: Optional[int] = None
+    # Seed of sampled generation (temperature > 0); each batch reseeds with seed + its index.
+    seed: int = 0
+    # openai generator only: "chat" posts messages to /chat/completions (the server applies its
+    # template); "completions" posts draftsmith's rendered prompt text to /completions.
+    api: Literal["chat", "completions"] = "chat"
+
+
+@dataclass
+class DrafterConfig:
+    # The drafter kind (registered in draftsmith/heads); its own options are validated
+    # against that kind's Config dataclass and kept in `options`.
+    kind: str = "eagle3"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RecipeConfig:
+    name: str = "recipe"
+    target: TargetConfig = field(default_factory=TargetConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    features: FeaturesConfig = field(default_factory=FeaturesConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _check(value: Any, tp: Any, where: str, problems: list[str]) -> Any:
+    """Validate `value` against type `tp`; return the converted value (problems appended)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, where, problems)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors: list[str] = []
+        for option in (a for a in args if a is not type(None)):
+            trial: list[str] = []
+            out = _check(value, option, where, trial)
+            if not trial:
+                return out
+            errors.extend(trial)
+        problems.append(f"{where}: {value!r} is not {' or '.join(_type_name(a) for a in args)}")
+        return value
+    if origin is Literal:
+        if value not in args:
+            hint = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+            tip = f" (did you mean {hint[0]!r}?)" if hint else ""
+            problems.append(f"{where}: {value!r} is not one of {list(args)}{tip}")
+        return value
+    if origin is list:
+        if isinstance(value, (str, int, float)) and args and args[0] is str:
+            value = [value]  # a single path may be written without a list
+        if not isinstance(value, list):
+            problems.append(f"{where}: expected a list, got {value!r}")
+            return value
+        return [_check(v, args[0], f"{where}[{i}]", problems) for i, v in enumerate(value)] if args else value
+    if origin is dict:
+        if not isinstance(value, dict):
+            problems.append(f"{where}: expected a mapping, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            problems.append(f"{where}: expected a number, got {value!r}")
+            return value
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            problems.append(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            problems.append(f"{where}: expected true or false, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            problems.append(f"{where}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def _build(cls: type, data: Any, where: str, problems: list[str]) -> Any:
+    """Build dataclass `cls` from a mapping, collecting every problem instead of stopping."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        problems.append(f"{where or 'recipe'}: expected a mapping, got {data!r}")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        key_path = f"{where}.{key}" if where else str(key)
+        if key not in names:
+            hint = difflib.get_close_matches(str(key), names, n=1)
+            tip = f"; did you mean {(where + '.' if where else '') + hint[0]!r}?" if hint else ""
+            problems.append(f"unknown key {key_path!r}{tip} (known: {', '.join(names)})")
+            continue
+        kwargs[key] = _check(value, hints[key], key_path, problems)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        problems.append(f"{where or 'recipe'}: {exc}")
+        return cls()
+
+
+def build_dataclass(cls: type, data: Any, where: str = "") -> tuple[Any, list[str]]:
+    """Public form of the validator: returns (instance, problems)."""
+    problems: list[str] = []
+    return _build(cls, data, where, problems), problems
+
+
+# --------------------------------------------------------------------------- overrides and loading
+
+
+def apply_override(raw: dict, assignment: str) -> None:
+    """Apply one `key.sub=value` override to raw recipe data (value parsed as YAML)."""
+    if "=" not in assignment:
+        raise ConfigError("command line", [f"override {assignment!r} must look like key.sub=value"])
+    key, text = assignment.split("=", 1)
+    value = yaml.safe_load(text) if text != "" else ""
+    parts = key.strip().split(".")
+    node = raw
+    for part in parts[:-1]:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[parts[-1]] = value
+
+
+def _split_drafter(raw: dict) -> None:
+    """Drafter options sit beside `kind` in YAML; move them under `options` for validation."""
+    section = raw.get("drafter")
+    if isinstance(section, dict):
+        options = dict(section.get("options") or {})
+        for key in list(section):
+            if key not in ("kind", "options"):
+                options[key] = section.pop(key)
+        section["options"] = options
+
+
+def _validate_drafter(cfg: RecipeConfig, problems: list[str]) -> None:
+    from draftsmith.heads import DRAFTERS  # local import: heads import torch
+
+    try:
+        drafter_cls = DRAFTERS.get(cfg.drafter.kind)
+    except KeyError as exc:
+        problems.append(f"drafter.kind: {exc.args[0]}")
+        return
+    options, sub = build_dataclass(drafter_cls.Config, cfg.drafter.options, "drafter")
+    problems.extend(sub)
+    cfg.drafter.options = dataclasses.asdict(options)
+
+
+def from_dict(raw: dict, source: str = "recipe", overrides: list[str] | None = None) -> RecipeConfig:
+    raw = yaml.safe_load(yaml.safe_dump(raw or {}))  # deep copy, plain types only
+    for assignment in overrides or []:
+        apply_override(raw, assignment)
+    _split_drafter(raw)
+    cfg, problems = build_dataclass(RecipeConfig, raw)
+    if not problems:
+        _validate_drafter(cfg, problems)
+    problems.extend(_semantic_checks(cfg))
+    if problems:
+        raise ConfigError(source, problems)
+    return cfg
+
+
+def _semantic_checks(cfg: RecipeConfig) -> list[str]:
+    problems = []
+    t = cfg.train
+    if t.batch_size < 1:
+        problems.append("train.batch_size: must be >= 1")
+    if t.grad_accum < 1:
+        problems.append("train.grad_accum: must be >= 1")
+    if t.max_steps is not None and t.max_steps < 1:
+        problems.append("train.max_steps: must be >= 1 (or null to train for train.epochs)")
+    if cfg.features.mode == "offline" and not cfg.features.cache_dir:
+        problems.append("features.cache_dir: required when features.mode is offline")
+    if cfg.data.max_length < 8:
+        problems.append("data.max_length: must be >= 8 tokens")
+    return problems
+
+
+def load(path: str | Path, overrides: list[str] | None = None) -> RecipeConfig:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(str(path), [f"cannot read the recipe: {exc.strerror}"]) from exc
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), [f"not valid YAML: {exc}"]) from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(str(path), ["the recipe must be a YAML mapping at top level"])
+    return from_dict(raw, str(path), overrides)
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg: Any) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def drafter_options(cfg: RecipeConfig) -> Any:
+    """The drafter's own Config instance (validated) for this recipe."""
+    from draftsmith.heads import DRAFTERS
+
+    options, problems = build_dataclass(DRAFTERS.get(cfg.drafter.kind).Config, cfg.drafter.options, "drafter")
+    if problems:
+        raise ConfigError("drafter", problems)
+    return options

@@ -1,0 +1,1 @@
+"""Evaluation: the speculative decoding loop, verification rules, proposers, workloads, metrics."""

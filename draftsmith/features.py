@@ -1,0 +1,44 @@
+"""Target features for training: computed online (a target forward inside the step) or read
+from the offline feature cache (draftsmith/data/feature_cache.py). Both paths produce the
+same dict of tensors, named as in heads/base.py.
+
+The cache stores hidden states only; target_logits are recomputed from last_hidden_state
+with the frozen lm_head (cheap, and it keeps the cache a few times smaller than logits).
+"""
+from __future__ import annotations
+
+import torch
+
+HIDDEN_FEATURES = ("aux_hidden_states", "last_hidden_state")
+
+
+def compute(target, input_ids: torch.Tensor, attention_mask: torch.Tensor, required: set[str],
+            layers: list[int]) -> dict[str, torch.Tensor]:
+    """One target forward -> the features in `required` (input ids/masks are not included)."""
+    out = target.forward(input_ids, attention_mask=attention_mask)
+    feats: dict[str, torch.Tensor] = {}
+    if "aux_hidden_states" in required:
+        feats["aux_hidden_states"] = torch.cat([out.hidden_states[i] for i in layers], dim=-1)  # n x [b,s,h] -> [b,s,n*h]
+    if "last_hidden_state" in required or "target_logits" in required:
+        feats["last_hidden_state"] = out.hidden_states[-1]
+    if "target_logits" in required:
+        feats["target_logits"] = out.logits
+    return feats
+
+
+@torch.no_grad()
+def logits_from_hidden(target, last_hidden_state: torch.Tensor) -> torch.Tensor:
+    """[b, s, h] post-norm hidden -> [b, s, V] target logits through the frozen lm_head."""
+    head = target.lm_head
+    return head(last_hidden_state.to(head.weight.dtype))
+
+
+def complete(target, batch: dict[str, torch.Tensor], required: set[str], layers: list[int]) -> dict[str, torch.Tensor]:
+    """Fill in whatever `required` features the batch lacks (online forward or lm_head replay)."""
+    missing = {f for f in required if f not in batch} - {"input_ids", "attention_mask", "loss_mask"}
+    if not missing:
+        return batch
+    if missing <= {"target_logits"} and "last_hidden_state" in batch:
+        return {**batch, "target_logits": logits_from_hidden(target, batch["last_hidden_state"])}
+    feats = compute(target, batch["input_ids"], batch["attention_mask"], missing, layers)
+    return {**batch, **{k: v for k, v in feats.items() if k not in batch}}

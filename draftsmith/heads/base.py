@@ -1,0 +1,106 @@
+"""The Drafter interface every drafter kind implements, and the Proposer protocol the
+speculative loop (eval/loop.py) drives.
+
+Batch features (dict keys a drafter lists in `required_features`):
+  input_ids          [b, s]      long, the token ids
+  attention_mask     [b, s]      1 on real tokens, 0 on padding
+  loss_mask          [b, s]      1 where token j is an assistant token to be predicted
+  aux_hidden_states  [b, s, n*h] hidden_states[i] for i in drafter.feature_layers(), concatenated
+  last_hidden_state  [b, s, h]   hidden_states[num_layers] (after the final norm: the lm_head input)
+  target_logits      [b, s, V]   the target's next-token logits at each position
+Position j of every feature is computed from tokens <= j, so it predicts token j+1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Optional, Protocol
+
+import torch
+from torch import nn
+
+
+@dataclass
+class StepOutput:
+    loss: torch.Tensor  # scalar, differentiable
+    # Plain floats for logging: per-position (TTT step / head) accuracy under "acc_{i}".
+    metrics: dict[str, float] = field(default_factory=dict)
+    # Number of loss tokens in this micro-batch (for global normalisation across ranks).
+    num_tokens: int = 0
+
+
+@dataclass
+class Draft:
+    tokens: torch.Tensor  # [k] target-vocabulary ids
+    # [k, V_target]: the draft distribution q each token was drawn from, AFTER the same
+    # temperature/top-k/top-p transform as the target's p; None for deterministic proposers
+    # (n-gram lookup), whose q is one-hot on the proposed token.
+    probs: Optional[torch.Tensor] = None
+
+
+class Proposer(Protocol):
+    """What the speculative loop calls; one instance serves one request at a time.
+
+    Rounds: begin(prompt) once; then commit() after the prefill and after every verification
+    pass, propose() before every verification pass. A proposer that keeps a KV cache rolls
+    it back inside commit() to the committed context (speculative positions are discarded).
+    """
+
+    name: str
+
+    def begin(self, prompt_ids: torch.Tensor) -> None:
+        """Reset per-request state. prompt_ids: [n]."""
+
+    def commit(self, context: torch.Tensor, num_new: int, target_out) -> None:
+        """context: [N] all committed ids, the newest num_new of them just committed.
+        target_out: TargetOutput over exactly num_new positions, position j being the target
+        state whose next token is context[N - num_new + j] (after the prefill, num_new is the
+        prompt length minus 1 plus the first generated token, i.e. len(prompt))."""
+
+    def propose(self, context: torch.Tensor, k: int, sampling, generator: torch.Generator | None) -> Draft:
+        """Propose k tokens following context. `sampling` is eval.sampling.SamplingParams."""
+
+
+class Drafter(nn.Module):
+    """Base of every drafter kind (one level of inheritance, no more).
+
+    A subclass sets `kind`, `Config` (a dataclass with commented typed defaults) and
+    `required_features`, and implements from_target, forward_loss, make_proposer and
+    state_dict_for_export. __init__ builds layers only: no file I/O.
+    """
+
+    kind: ClassVar[str] = ""
+    Config: ClassVar[type]
+    required_features: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def from_target(cls, cfg, target, token_counts: torch.Tensor | None = None) -> "Drafter":
+        """Build from the frozen target; token_counts [V] (target-token frequencies of the
+        training data) lets a drafter choose a reduced draft vocabulary."""
+        raise NotImplementedError
+
+    @classmethod
+    def feature_layers_for(cls, cfg, target) -> list[int]:
+        """Target layer ids whose hidden states a drafter with options `cfg` reads
+        (aux_hidden_states), known before it is built (the offline cache checks them)."""
+        return []
+
+    def feature_layers(self) -> list[int]:
+        """The layer ids this built drafter reads (kinds with aux features set `aux_layer_ids`)."""
+        return list(getattr(self, "aux_layer_ids", []))
+
+    def forward_loss(self, batch: dict[str, torch.Tensor]) -> StepOutput:
+        raise NotImplementedError
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> StepOutput:
+        """The training loop calls the module (so DDP/FSDP hooks run); this is forward_loss."""
+        return self.forward_loss(batch)
+
+    def make_proposer(self, target) -> Proposer:
+        raise NotImplementedError
+
+    def state_dict_for_export(self) -> dict[str, torch.Tensor]:
+        """Drafter weights only, never the frozen target tensors."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("target_")}
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]

@@ -1,0 +1,178 @@
+"""Load a target model (local directory, Hugging Face id, or the embedded default), freeze it,
+and capture its hidden states through the model's own outputs (output_hidden_states).
+
+Hidden-state convention (the engines' EAGLE-3 convention): layer id i is hidden_states[i]
+of the HF outputs, i.e. the input of decoder layer i; hidden_states[0] is the embedding
+output. In transformers 5 the last entry, hidden_states[num_layers], is AFTER the final
+norm (it is what the lm_head sees).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+
+BUILTIN_DIR = Path(__file__).parent / "assets"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class TargetOutput:
+    logits: torch.Tensor  # [b, s, V]
+    hidden_states: tuple[torch.Tensor, ...]  # num_layers + 1 entries, each [b, s, h]
+
+
+def resolve_path(path: str) -> str:
+    """`builtin:NAME` -> the embedded model directory; anything else is returned unchanged."""
+    if path.startswith("builtin:"):
+        name = path.split(":", 1)[1]
+        local = BUILTIN_DIR / name
+        if not (local / "config.json").exists():
+            known = sorted(p.name for p in BUILTIN_DIR.iterdir() if (p / "config.json").exists())
+            raise FileNotFoundError(
+                f"no embedded target {name!r} in {BUILTIN_DIR} (known: {known}); "
+                "rebuild it with `python scripts/build_pycode_target.py`"
+            )
+        return str(local)
+    return path
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3's low/mid/high layer ids: [2, L//2, L-3] as the engines use for deep targets.
+
+    Shallow targets make that rule collide (L=5 gives [2, 2, 2]); then [1, L//2, L-1]
+    (L=5 -> [1, 2, 4]) and then [0, L//2, L-1] (L=3 -> [0, 1, 2]) are used. Below 3 layers
+    ids repeat (L=2 -> [0, 1, 1]), since only L distinct layer inputs exist.
+    """
+    L = num_layers
+    for ids in ([2, L // 2, L - 3], [1, L // 2, L - 1], [0, L // 2, L - 1]):
+        if 0 <= ids[0] < ids[1] < ids[2] <= L - 1:
+            return ids
+    return [min(i, L - 1) for i in (0, 1, 2)]
+
+
+class Target:
+    """A frozen causal LM with its tokenizer, stop ids and a fingerprint."""
+
+    def __init__(self, model: nn.Module, tokenizer, name: str):
+        self.model = model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.name = name
+        self.config = model.config
+        self._fingerprint: Optional[str] = None
+
+    # ---- shape facts
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self.model.get_output_embeddings()
+
+    @property
+    def eos_ids(self) -> list[int]:
+        """All stop ids: generation_config's eos list (stories260K: [2, 1]) plus the tokenizer's."""
+        ids: list[int] = []
+        gen = getattr(self.model, "generation_config", None)
+        for source in (getattr(gen, "eos_token_id", None), self.config.eos_token_id, self.tokenizer.eos_token_id):
+            if source is None:
+                continue
+            for i in source if isinstance(source, (list, tuple)) else [source]:
+                if i not in ids:
+                    ids.append(int(i))
+        return ids
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 over the config and, per parameter, its name, shape and first 4096 values."""
+        if self._fingerprint is None:
+            h = hashlib.sha256()
+            h.update(json.dumps(self.config.to_dict(), sort_keys=True, default=str).encode())
+            for name, p in self.model.state_dict().items():
+                h.update(f"{name}:{tuple(p.shape)}".encode())
+                h.update(p.detach().flatten()[:4096].float().cpu().numpy().tobytes())
+            self._fingerprint = h.hexdigest()[:16]
+        return self._fingerprint
+
+    def identity(self) -> dict:
+        """What exports and results record about the verifier."""
+        return {
+            "name": self.name,
+            "architectures": list(getattr(self.config, "architectures", None) or []),
+            "model_type": self.config.model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "num_layers": self.num_layers,
+            "fingerprint": self.fingerprint,
+            "num_params": sum(p.numel() for p in self.model.parameters()),
+        }
+
+    # ---- forward
+    @torch.no_grad()
+    def forward(self, input_ids, attention_mask=None, cache=None, position_ids=None) -> TargetOutput:
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=cache is not None,
+            output_hidden_states=True,
+        )
+        return TargetOutput(logits=out.logits, hidden_states=out.hidden_states)
+
+
+def load(path: str, dtype: str = "float32", device: str = "auto", revision: str | None = None,
+         trust_remote_code: bool = False) -> Target:
+    """Load a frozen target. `path` is a local directory, a Hugging Face id or builtin:NAME."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    local = resolve_path(path)
+    if dtype not in DTYPES:
+        raise ValueError(f"target dtype {dtype!r} is not one of {list(DTYPES)}")
+    model = AutoModelForCausalLM.from_pretrained(
+        local, dtype=DTYPES[dtype], revision=revision, trust_remote_code=trust_remote_code
+    )
+    tokenizer = AutoTokenizer.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code)
+    model.to(resolve_device(device))
+    return Target(model, tokenizer, name=path)
+
+
+def from_config(cfg) -> Target:
+    """Load the target named by a recipe's `target` section."""
+    return load(cfg.path, cfg.dtype, cfg.device, cfg.revision, cfg.trust_remote_code)

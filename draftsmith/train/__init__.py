@@ -1,0 +1,1 @@
+"""Training: the one loop, parallelism, checkpoints and experiment tracking."""

@@ -1,0 +1,167 @@
+"""Checkpoints: written atomically, rotated, resumable, and loadable on their own.
+
+A checkpoint is a directory `step_0000100/` (or `final/`) under the run's output_dir:
+  drafter.safetensors   the drafter's weights and buffers (never the frozen target's tensors)
+  drafter.json          kind, drafter options, feature layers, the target's identity, step
+  config.yaml           the fully resolved recipe
+  trainer_state.pt      optimizer, scheduler, step, data position, RNG states (for resume)
+It is built in a temporary sibling directory and moved into place with one rename, so a crash
+mid-write leaves the previous checkpoint untouched and usable.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from safetensors.torch import load_file, save_file
+
+from draftsmith import __version__, config as config_mod
+
+STEP_PREFIX = "step_"
+
+
+@dataclass
+class LoadedDrafter:
+    drafter: Any  # heads.base.Drafter
+    target: Any  # target.Target
+    config: Any  # config.RecipeConfig
+    meta: dict
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def write_dir_atomically(final_dir: Path, fill) -> Path:
+    """Call fill(tmp_dir) to write files, then move tmp_dir to final_dir in one rename."""
+    final_dir = Path(final_dir)
+    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.tmp-", dir=final_dir.parent))
+    try:
+        fill(tmp)
+        (tmp / "COMPLETE").write_text("ok\n")
+        if final_dir.exists():
+            old = final_dir.with_name(f".{final_dir.name}.old-{os.getpid()}")
+            os.replace(final_dir, old)
+            os.replace(tmp, final_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final_dir
+
+
+def drafter_meta(drafter, target, step: int) -> dict:
+    import dataclasses
+
+    return {
+        "kind": drafter.kind,
+        "options": dataclasses.asdict(drafter.cfg),
+        "feature_layers": drafter.feature_layers(),
+        "target": target.identity(),
+        "step": step,
+        "draftsmith_version": __version__,
+    }
+
+
+def save(path: Path, drafter, target, cfg, step: int, trainer_state: dict | None = None) -> Path:
+    """Write one checkpoint directory atomically."""
+    weights = {k: v.detach().contiguous().cpu() for k, v in drafter.state_dict().items()}
+
+    def fill(tmp: Path) -> None:
+        save_file(weights, str(tmp / "drafter.safetensors"))
+        (tmp / "drafter.json").write_text(json.dumps(drafter_meta(drafter, target, step), indent=2))
+        (tmp / "config.yaml").write_text(config_mod.to_yaml(cfg))
+        if trainer_state is not None:
+            torch.save(trainer_state, tmp / "trainer_state.pt")
+
+    return write_dir_atomically(Path(path), fill)
+
+
+def step_dirs(output_dir: Path) -> list[Path]:
+    """Complete step checkpoints, oldest first."""
+    output_dir = Path(output_dir)
+    if not output_dir.exists():
+        return []
+    found = [p for p in output_dir.iterdir() if p.name.startswith(STEP_PREFIX) and (p / "COMPLETE").exists()]
+    return sorted(found, key=lambda p: int(p.name[len(STEP_PREFIX):]))
+
+
+def latest(output_dir: Path) -> Path | None:
+    dirs = step_dirs(output_dir)
+    return dirs[-1] if dirs else None
+
+
+def rotate(output_dir: Path, keep_last: int) -> None:
+    """Delete all but the newest keep_last step checkpoints (keep_last <= 0 keeps all)."""
+    if keep_last <= 0:
+        return
+    for old in step_dirs(output_dir)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def load_trainer_state(path: Path) -> dict:
+    file = Path(path) / "trainer_state.pt"
+    if not file.exists():
+        raise FileNotFoundError(f"{file} is missing: {path} holds drafter weights only; use train.init_from for a warm start")
+    return torch.load(file, map_location="cpu", weights_only=False)
+
+
+def load_weights(path: Path, drafter) -> None:
+    """Load drafter weights from a checkpoint into an already built drafter (warm start)."""
+    file = Path(path) / "drafter.safetensors"
+    if not file.exists():
+        raise FileNotFoundError(f"no drafter weights at {file}: give a checkpoint directory (step_N/ or final/)")
+    state = load_file(str(file))
+    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{file} does not fit this drafter: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+
+
+def load_drafter(path: str | Path, device: str | None = None, target=None) -> LoadedDrafter:
+    """Rebuild a trained drafter (and its target, unless given) from a checkpoint directory."""
+    from draftsmith import target as target_mod
+    from draftsmith.heads import DRAFTERS
+
+    path = Path(path)
+    if not (path / "drafter.json").exists():
+        raise FileNotFoundError(f"{path} is not a draftsmith checkpoint (no drafter.json); expected e.g. runs/NAME/final")
+    meta = json.loads((path / "drafter.json").read_text())
+    cfg = config_mod.from_dict(yaml.safe_load((path / "config.yaml").read_text()), str(path / "config.yaml"))
+    if target is None:
+        target_cfg = cfg.target
+        if device is not None:
+            target_cfg.device = device
+        target = target_mod.from_config(target_cfg)
+    expected = meta["target"]["fingerprint"]
+    if target.fingerprint != expected:
+        raise ValueError(
+            f"{path} was trained for target {meta['target']['name']} (fingerprint {expected}), "
+            f"but the loaded target {target.name} has fingerprint {target.fingerprint}; load the same target"
+        )
+    options = config_mod.drafter_options(cfg)
+    drafter = DRAFTERS.get(meta["kind"]).from_target(options, target, None)
+    load_weights(path, drafter)
+    return LoadedDrafter(drafter=drafter.eval(), target=target, config=cfg, meta=meta)

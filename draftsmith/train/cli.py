@@ -1,0 +1,38 @@
+"""`draftsmith train RECIPE [key.sub=value ...] [--print-config] [--nproc N]`
+
+    draftsmith train recipes/quickstart.yaml
+    draftsmith train recipes/debug/eagle3-stories260k.yaml train.max_steps=50
+    draftsmith train recipes/eagle3-llama3.1-8b.yaml --print-config
+"""
+from __future__ import annotations
+
+import sys
+
+from draftsmith import config
+
+
+def add_arguments(p) -> None:
+    p.add_argument("recipe", help="recipe YAML file")
+    p.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. train.max_steps=10")
+    p.add_argument("--print-config", action="store_true", help="print the fully resolved config and exit")
+    p.add_argument("--nproc", type=int, default=1, help="processes on this node (re-launches under torchrun)")
+
+
+def main(args) -> int:
+    try:
+        cfg = config.load(args.recipe, args.overrides)
+    except config.ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(config.to_yaml(cfg), end="")
+        return 0
+    if args.nproc > 1:
+        from draftsmith.train.launch import relaunch_under_torchrun
+
+        return relaunch_under_torchrun(args.nproc, args.recipe, args.overrides)
+    from draftsmith.train.loop import train
+
+    result = train(cfg)
+    print(f"done: {result.steps} steps, final loss {result.losses[-1]:.4f}, checkpoint {result.final_checkpoint}")
+    return 0

@@ -1,0 +1,133 @@
+"""EAGLE-3: the TTT loss against a hand-written per-position reference, and training-time
+attention equal to what the cached proposer computes at inference."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from draftsmith import features
+from draftsmith.heads.eagle3 import Eagle3Drafter
+from draftsmith.target import TargetOutput
+from draftsmith.testing import tiny_target
+
+
+def make(ttt_steps=3, draft_vocab_size=None, seed=0):
+    target = tiny_target(num_layers=4, hidden=32, seed=seed)
+    torch.manual_seed(seed + 1)
+    counts = torch.randint(0, 50, (target.vocab_size,))
+    cfg = Eagle3Drafter.Config(ttt_steps=ttt_steps, draft_vocab_size=draft_vocab_size)
+    drafter = Eagle3Drafter.from_target(cfg, target, counts)
+    with torch.no_grad():  # move the drafter away from its init so the test is not trivially symmetric
+        for p in drafter.trainable_parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return target, drafter
+
+
+def batch_for(target, drafter, b=2, s=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, target.vocab_size, (b, s), generator=g)
+    attention = torch.ones(b, s, dtype=torch.long)
+    attention[1, -3:] = 0  # right padding on the second row
+    loss_mask = (torch.rand(b, s, generator=g) > 0.3).long() * attention
+    batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}
+    return features.complete(target, batch, set(drafter.required_features), drafter.feature_layers())
+
+
+def reference_loss(drafter, batch):
+    """Per position and per step, with explicit key lists (no masks, no batching tricks)."""
+    d, layer = drafter, drafter.midlayer
+    attn = layer.self_attn
+    ids, b, s = batch["input_ids"], *batch["input_ids"].shape
+    mask = (batch["loss_mask"] * batch["attention_mask"]).float()
+    p_all = torch.softmax(batch["target_logits"].float()[..., d.draft_ids()], -1)
+    total = 0.0
+    for row in range(b):
+        hidden = d.fc(batch["aux_hidden_states"][row : row + 1])  # [1, s, h]
+        keys = {}  # (step, position) -> (k, v) each [KV, hd]
+        for t in range(d.cfg.ttt_steps):
+            n = s - 1 - t
+            outs = []
+            for j in range(n):
+                emb = d.embed_tokens[0](ids[row, 1 + t + j].view(1, 1))
+                x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden[:, j : j + 1])], -1)
+                cos, sin = d.rotary(x, torch.tensor([[j + t]]))
+                q = attn.q_proj(x).view(1, 1, attn.num_heads, attn.head_dim).transpose(1, 2)
+                k = attn.k_proj(x).view(1, 1, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
+                v = attn.v_proj(x).view(1, 1, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
+                q, k = apply_rotary_pos_emb(q, k, cos, sin)
+                keys[(t, j)] = (k[0, :, 0], v[0, :, 0])
+                visible = [keys[(0, i)] for i in range(j + 1)] + [keys[(u, j)] for u in range(1, t + 1)]
+                heads = []
+                for hh in range(attn.num_heads):
+                    kv = hh // (attn.num_heads // attn.num_kv_heads)
+                    scores = torch.stack([q[0, hh, 0] @ kk[kv] for kk, _ in visible]) / math.sqrt(attn.head_dim)
+                    w = torch.softmax(scores, 0)
+                    heads.append(sum(wi * vv[kv] for wi, (_, vv) in zip(w, visible)))
+                o = attn.o_proj(torch.cat(heads).view(1, 1, -1))
+                h1 = hidden[:, j : j + 1] + o
+                outs.append(h1 + layer.mlp(layer.post_attention_layernorm(h1)))
+            hidden = torch.cat(outs, 1)
+            logq = torch.log_softmax(d.lm_head(d.norm(hidden)).float(), -1)[0]  # [n, dv]
+            for j in range(n):
+                if 2 + t + j < s and mask[row, 2 + t + j] > 0:
+                    p = p_all[row, 1 + t + j]
+                    total += (d.cfg.step_decay**t) * float((p * (p.clamp_min(1e-20).log() - logq[j])).sum())
+    return total
+
+
+@pytest.mark.parametrize("draft_vocab_size", [None, 100])
+def test_ttt_loss_matches_hand_written_reference(draft_vocab_size):
+    target, drafter = make(ttt_steps=3, draft_vocab_size=draft_vocab_size)
+    batch = batch_for(target, drafter)
+    with torch.no_grad():
+        got = drafter.forward_loss(batch)
+        want = reference_loss(drafter, batch)
+    assert got.loss.item() == pytest.approx(want, rel=1e-4)
+    assert got.num_tokens == int((batch["loss_mask"] * batch["attention_mask"])[:, 2:].sum())
+    assert set(got.metrics) >= {"acc_0", "acc_1", "acc_2"}
+
+
+def test_loss_is_differentiable_and_target_untouched():
+    target, drafter = make(ttt_steps=2)
+    before = {k: v.clone() for k, v in target.model.state_dict().items()}
+    out = drafter.forward_loss(batch_for(target, drafter))
+    out.loss.backward()
+    grads = [p.grad for p in drafter.trainable_parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert any(float(g.abs().sum()) > 0 for g in grads)
+    assert all(p.grad is None for p in target.model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in target.model.state_dict().items())
+
+
+def test_inference_chain_equals_training_unroll():
+    """Teacher-forced chain drafting through the KV cache gives the TTT unroll's logits."""
+    target, drafter = make(ttt_steps=3)
+    ids = torch.randint(3, target.vocab_size, (1, 10), generator=torch.Generator().manual_seed(3))
+    batch = features.complete(target, {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                                       "loss_mask": torch.ones_like(ids)}, set(drafter.required_features),
+                              drafter.feature_layers())
+    j = 5  # chain starts after real pairs 0..j
+    with torch.no_grad():
+        # training path: logits of step t at position j
+        hidden, step_kv, train_logits = drafter.fc(batch["aux_hidden_states"]), [], []
+        for t in range(3):
+            n = 10 - 1 - t
+            pos = (torch.arange(n) + t).view(1, -1)
+            hidden = drafter.step(ids[:, 1 + t : 1 + t + n], hidden[:, :n], pos, step_kv=step_kv)
+            train_logits.append(drafter.logits(hidden)[0, j])
+        # inference path: commit real pairs 0..j, then feed the true next tokens as the chain
+        out = target.forward(ids[:, : j + 1])
+        proposer = drafter.make_proposer(target)
+        proposer.begin(ids[0, :1])
+        proposer.commit(ids[0, : j + 2], j + 1, TargetOutput(out.logits, out.hidden_states))
+        chain_out = proposer.last_out
+        infer_logits = [drafter.logits(chain_out)[0, -1]]
+        for t in range(1, 3):
+            pos = torch.tensor([[proposer.committed + t - 1]])
+            chain_out = drafter.step(ids[:, j + 1 + t].view(1, 1), chain_out, pos, cache=proposer.cache)
+            infer_logits.append(drafter.logits(chain_out)[0, -1])
+    for t in range(3):
+        torch.testing.assert_close(infer_logits[t], train_logits[t], rtol=1e-4, atol=1e-5)
