@@ -214,6 +214,11 @@ def _check(value: Any, tp: Any, where: str, problems: list[str]) -> Any:
             problems.append(f"{where}: expected a mapping, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 2e-4 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             problems.append(f"{where}: expected a number, got {value!r}")
             return value
@@ -312,9 +317,10 @@ def from_dict(raw: dict, source: str = "recipe", overrides: list[str] | None = N
         apply_override(raw, assignment)
     _split_drafter(raw)
     cfg, problems = build_dataclass(RecipeConfig, raw)
-    if not problems:
+    if isinstance(cfg.drafter.kind, str) and isinstance(cfg.drafter.options, dict):
         _validate_drafter(cfg, problems)
-    problems.extend(_semantic_checks(cfg))
+    if not problems:  # value checks need well-typed values
+        problems.extend(_semantic_checks(cfg))
     if problems:
         raise ConfigError(source, problems)
     return cfg

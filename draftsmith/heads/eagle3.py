@@ -191,7 +191,7 @@ class Eagle3Proposer:
 
     def _target_probs(self, draft_logits: torch.Tensor, sampling) -> torch.Tensor:
         """[dv] draft logits -> [V] probabilities over the target vocabulary (same transform as p)."""
-        full = draft_logits.new_full((self.vocab_size,), float("-inf"))
+        full = draft_logits.new_full((self.vocab_size,), float("-inf"), dtype=torch.float32)
         full[self.draft_ids] = draft_logits.float()
         return logits_to_probs(full, sampling)
 

@@ -52,11 +52,14 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def write_dir_atomically(final_dir: Path, fill) -> Path:
-    """Call fill(tmp_dir) to write files, then move tmp_dir to final_dir in one rename."""
+def write_dir_atomically(final_dir: Path, fill, tmp: Path | None = None) -> Path:
+    """Call fill(tmp_dir) to write files, then move tmp_dir to final_dir in one rename.
+
+    `tmp` may name a directory other ranks already wrote into (see save_collective)."""
     final_dir = Path(final_dir)
     final_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.tmp-", dir=final_dir.parent))
+    if tmp is None:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.tmp-", dir=final_dir.parent))
     try:
         fill(tmp)
         (tmp / "COMPLETE").write_text("ok\n")
@@ -86,9 +89,11 @@ def drafter_meta(drafter, target, step: int) -> dict:
     }
 
 
-def save(path: Path, drafter, target, cfg, step: int, trainer_state: dict | None = None) -> Path:
-    """Write one checkpoint directory atomically."""
-    weights = {k: v.detach().contiguous().cpu() for k, v in drafter.state_dict().items()}
+def save(path: Path, drafter, target, cfg, step: int, trainer_state: dict | None = None,
+         weights: dict | None = None, tmp: Path | None = None) -> Path:
+    """Write one checkpoint directory atomically (weights: a full state dict gathered by the caller)."""
+    if weights is None:
+        weights = {k: v.detach().contiguous().cpu() for k, v in drafter.state_dict().items()}
 
     def fill(tmp: Path) -> None:
         save_file(weights, str(tmp / "drafter.safetensors"))
@@ -97,7 +102,27 @@ def save(path: Path, drafter, target, cfg, step: int, trainer_state: dict | None
         if trainer_state is not None:
             torch.save(trainer_state, tmp / "trainer_state.pt")
 
-    return write_dir_atomically(Path(path), fill)
+    return write_dir_atomically(Path(path), fill, tmp)
+
+
+def save_collective(ctx, path: Path, drafter, target, cfg, step: int, trainer_state: dict, weights: dict) -> Path:
+    """Every rank calls this. Backends with sharded engine state (DeepSpeed) write their shards into a
+    shared temporary directory first; rank 0 then adds the drafter files and renames it into place
+    (multi-node runs need output_dir on a filesystem every node sees)."""
+    path = Path(path)
+    if not ctx.distributed:
+        return save(path, drafter, target, cfg, step, trainer_state, weights)
+    tmp = path.with_name(f".{path.name}.tmp-step{step}")
+    if ctx.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)  # a leftover of a crashed write
+        tmp.mkdir(parents=True)
+    ctx.barrier()
+    ctx.save_engine_state(tmp)
+    ctx.barrier()
+    if ctx.is_main:
+        save(path, drafter, target, cfg, step, trainer_state, weights, tmp)
+    ctx.barrier()
+    return path
 
 
 def step_dirs(output_dir: Path) -> list[Path]:
@@ -129,12 +154,18 @@ def load_trainer_state(path: Path) -> dict:
     return torch.load(file, map_location="cpu", weights_only=False)
 
 
-def load_weights(path: Path, drafter) -> None:
-    """Load drafter weights from a checkpoint into an already built drafter (warm start)."""
+def read_weights(path: Path) -> dict:
+    """The full drafter state dict stored in a checkpoint directory."""
     file = Path(path) / "drafter.safetensors"
     if not file.exists():
         raise FileNotFoundError(f"no drafter weights at {file}: give a checkpoint directory (step_N/ or final/)")
-    state = load_file(str(file))
+    return load_file(str(file))
+
+
+def load_weights(path: Path, drafter) -> None:
+    """Load drafter weights from a checkpoint into an already built drafter (warm start)."""
+    file = Path(path) / "drafter.safetensors"
+    state = read_weights(path)
     missing, unexpected = drafter.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(f"{file} does not fit this drafter: missing {sorted(missing)}, unexpected {sorted(unexpected)}")

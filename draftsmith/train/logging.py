@@ -1,5 +1,10 @@
 """Experiment tracking: console always, metrics.jsonl in the run directory always, and wandb /
-tensorboard when the recipe's logging.report_to names them. Only rank 0 logs.
+tensorboard when the recipe's logging.report_to names them. Only rank 0 logs. A tqdm progress
+bar with ETA runs on rank 0 when logging.progress_bar is true and stderr is a terminal.
+
+Logged every train.log_every steps: loss, acc_i / loss_i (per position), lr, grad_norm,
+tokens_per_s (per device), tokens_per_s_total (all ranks), target_share (share of the step
+spent in the target forward; the rest is the drafter's forward + backward), epoch.
 """
 from __future__ import annotations
 
@@ -16,6 +21,8 @@ class MetricsLogger:
         self.output_dir = Path(output_dir)
         self._wandb = None
         self._tb = None
+        self._bar = None
+        self.progress_bar = bool(getattr(log_cfg, "progress_bar", False))
         if not self.enabled:
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -41,14 +48,32 @@ class MetricsLogger:
         self._jsonl.flush()
         if "console" in self.report_to:
             accs = " ".join(f"{metrics[k]:.2f}" for k in sorted(metrics, key=_pos_key) if k.startswith("acc_"))
-            print(f"step {step:>6} | loss {metrics.get('loss', float('nan')):.4f} | acc/pos [{accs}] | "
-                  f"lr {metrics.get('lr', 0):.2e} | {metrics.get('tokens_per_s', 0):.0f} tok/s", file=sys.stdout, flush=True)
+            line = (f"step {step:>6} | loss {metrics.get('loss', float('nan')):.4f} | acc/pos [{accs}] | "
+                    f"lr {metrics.get('lr', 0):.2e} | gnorm {metrics.get('grad_norm', float('nan')):.3f} | "
+                    f"{metrics.get('tokens_per_s', 0):.0f} tok/s/device | target {metrics.get('target_share', 0):.0%}")
+            if self._bar is not None:
+                self._bar.write(line, file=sys.stdout)
+            else:
+                print(line, file=sys.stdout, flush=True)
         if self._wandb is not None:
             self._wandb.log(metrics, step=step)
         if self._tb is not None:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)):
                     self._tb.add_scalar(key, value, step)
+
+    def start_progress(self, total: int, initial: int = 0) -> None:
+        """A progress bar with ETA on rank 0 (stderr must be a terminal; CI logs stay clean)."""
+        if self.enabled and self.progress_bar and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, file=sys.stderr)
+
+    def advance(self, metrics: dict[str, float]) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix(loss=f"{metrics.get('loss', float('nan')):.4f}",
+                                  tok_s=f"{metrics.get('tokens_per_s', 0):.0f}", refresh=False)
+            self._bar.update(1)
 
     def info(self, text: str) -> None:
         if self.enabled:
@@ -57,6 +82,9 @@ class MetricsLogger:
     def close(self) -> None:
         if not self.enabled:
             return
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
         self._jsonl.close()
         if self._wandb is not None:
             self._wandb.finish()

@@ -1,0 +1,111 @@
+"""`draftsmith prepare`: regenerate a recipe's answers with the target, and/or build its offline
+feature cache.
+
+    draftsmith prepare recipe.yaml regenerate.output=data/regen.jsonl      # regenerate answers
+    draftsmith prepare recipe.yaml features.cache_dir=cache/x --features   # build the feature cache
+    draftsmith prepare recipe.yaml --limit 100                             # only the first 100 input rows
+
+Regeneration runs when regenerate.output is set; it reads data.path and writes regenerate.output
+(resumable; rerun the same command after an interruption). --features then builds the cache for
+the recipe's drafter from the data training reads (regenerate.output when set, else data.path).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from draftsmith import config as config_mod
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe", help="recipe YAML")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+    parser.add_argument("--features", action="store_true", help="build the offline feature cache (features.cache_dir)")
+    parser.add_argument("--limit", type=int, default=None, help="regenerate only the first N input rows")
+
+
+def run_regenerate(cfg, target=None, limit=None, log=print):
+    """Regenerate cfg.data.path into cfg.regenerate.output; returns the RegenSummary."""
+    from draftsmith.data import regenerate as regen
+
+    rc = cfg.regenerate
+    if rc.generator == "local":
+        from draftsmith import target as target_mod
+
+        target = target or target_mod.from_config(cfg.target)
+        generator = regen.LocalGenerator(target, rc, cfg.data)
+    else:
+        tokenizer = None
+        if rc.api == "completions":
+            tokenizer = target.tokenizer if target is not None else _load_tokenizer(cfg)
+        generator = regen.HTTPGenerator(rc, cfg.data, tokenizer)
+    summary = regen.regenerate(cfg.data.path, generator, rc.output, fmt=cfg.data.format, batch_size=rc.batch_size,
+                               limit=limit, log=log)
+    log(summary.summary())
+    return summary
+
+
+def _load_tokenizer(cfg):
+    from transformers import AutoTokenizer
+
+    from draftsmith.target import resolve_path
+
+    return AutoTokenizer.from_pretrained(resolve_path(cfg.target.path), revision=cfg.target.revision,
+                                         trust_remote_code=cfg.target.trust_remote_code)
+
+
+def drafter_layers_and_features(cfg, target, counts) -> tuple[list[int], set[str]]:
+    """The recipe drafter's feature layers and required features."""
+    from draftsmith.heads import DRAFTERS
+
+    cls = DRAFTERS.get(cfg.drafter.kind)
+    options = config_mod.drafter_options(cfg)
+    if hasattr(cls, "feature_layers_for"):
+        layers = cls.feature_layers_for(options, target)
+    else:
+        layers = cls.from_target(options, target, counts).feature_layers()
+    return list(layers), set(cls.required_features)
+
+
+def run_features(cfg, target=None, layers=None, required=None, log=print) -> dict:
+    """Build the feature cache for all rows training reads (train then heldout, in order)."""
+    from draftsmith import target as target_mod
+    from draftsmith.data import dataset as ds
+    from draftsmith.data import feature_cache
+
+    if not cfg.features.cache_dir:
+        raise ValueError("--features needs features.cache_dir: set it in the recipe or pass features.cache_dir=DIR")
+    target = target or target_mod.from_config(cfg.target)
+    train, heldout, report = ds.build_dataset(ds.training_data_config(cfg), target.tokenizer)
+    log(report.summary())
+    full = ds.TokenDataset(train.input_ids + heldout.input_ids, train.loss_mask + heldout.loss_mask,
+                           train.ids + heldout.ids)
+    if layers is None or required is None:
+        layers, required = drafter_layers_and_features(cfg, target, ds.token_counts(train, target.vocab_size))
+    f = cfg.features
+    manifest = feature_cache.build(target, full, f.cache_dir, layers, f.dtype, f.shard_rows, required,
+                                   batch_size=f.build_batch_size, log=log)
+    log(f"feature cache {f.cache_dir}: {manifest['rows']} rows, {manifest['tokens']} tokens, layers {layers}, "
+        f"{manifest['features']} in {manifest['dtype']}; the last {len(heldout)} rows are the heldout set")
+    return manifest
+
+
+def main(args) -> int:
+    cfg = config_mod.load(args.recipe, args.overrides)
+    if not cfg.regenerate.output and not args.features:
+        print("draftsmith prepare: nothing to do; set regenerate.output=FILE to regenerate answers "
+              "and/or pass --features to build the feature cache", file=sys.stderr)
+        return 2
+    target = None
+    if cfg.regenerate.output:
+        if cfg.regenerate.generator == "local" or args.features:
+            from draftsmith import target as target_mod
+
+            target = target_mod.from_config(cfg.target)
+        summary = run_regenerate(cfg, target, args.limit)
+        if summary.error:
+            print(f"draftsmith prepare: {summary.error} row(s) failed; rerun the same command to retry them",
+                  file=sys.stderr)
+    if args.features:
+        run_features(cfg, target)
+    return 0

@@ -1,0 +1,184 @@
+"""Offline feature cache: the target's hidden states for every training row, computed once
+(`draftsmith prepare recipe.yaml --features`) and read back by training with features.mode=offline.
+
+Layout of cache_dir:
+  manifest.json            target name + fingerprint, layers, dtype, features, rows, token counts,
+                           data fingerprint, shards [{file, start, end, tokens, loss_tokens}], complete
+  shard_00000.safetensors  rows [start, end): tensors "{row}/input_ids", "{row}/loss_mask",
+                           "{row}/aux_hidden_states" [s, n*h], "{row}/last_hidden_state" [s, h]
+Resumable: shards listed in the manifest are kept; each shard is written to a temporary file
+and moved into place with os.replace, then the manifest is rewritten (also atomically).
+target_logits are not stored: features.complete() recomputes them from last_hidden_state.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Iterable, Optional
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from draftsmith import features as feats_mod
+from draftsmith.data.dataset import collate
+
+FORMAT_VERSION = 1
+CACHEABLE = ("aux_hidden_states", "last_hidden_state")
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+          "float32": torch.float32, "fp32": torch.float32}
+REBUILD = "rebuild it with `draftsmith prepare recipe.yaml --features` (or point features.cache_dir elsewhere)"
+
+
+def cache_features(required: Iterable[str]) -> list[str]:
+    """The hidden-state features to store for a drafter's required features."""
+    req = set(required)
+    out = ["aux_hidden_states"] if "aux_hidden_states" in req else []
+    if req & {"last_hidden_state", "target_logits"}:
+        out.append("last_hidden_state")
+    return out
+
+
+def data_fingerprint(dataset) -> str:
+    h = hashlib.sha256()
+    for i in range(len(dataset)):
+        item = dataset[i]
+        h.update(item["input_ids"].to(torch.int64).numpy().tobytes())
+        h.update(item["loss_mask"].to(torch.int64).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    os.replace(tmp, path)
+
+
+def _expected(target, dataset, layers, dtype, shard_rows, features) -> dict:
+    return {"format_version": FORMAT_VERSION, "target": target.name, "target_fingerprint": target.fingerprint,
+            "layers": list(layers), "dtype": str(DTYPES[dtype]).replace("torch.", ""), "features": features,
+            "rows": len(dataset), "shard_rows": shard_rows, "data_fingerprint": data_fingerprint(dataset),
+            "hidden_size": target.hidden_size}
+
+
+def _shard_tensors(target, dataset, start: int, end: int, layers, dtype, features, batch_size: int) -> dict:
+    """Forward rows [start, end) in right-padded micro-batches; keep each row's own length."""
+    out: dict[str, torch.Tensor] = {}
+    pad = target.tokenizer.pad_token_id or 0
+    for lo in range(start, end, batch_size):
+        items = [dataset[i] for i in range(lo, min(end, lo + batch_size))]
+        batch = collate(items, pad)
+        f = feats_mod.compute(target, batch["input_ids"].to(target.device), batch["attention_mask"].to(target.device),
+                              set(features), list(layers))
+        for b, item in enumerate(items):
+            row, n = lo + b, len(item["input_ids"])
+            out[f"{row}/input_ids"] = item["input_ids"].to(torch.int32)
+            out[f"{row}/loss_mask"] = item["loss_mask"].to(torch.uint8)
+            for name in features:
+                out[f"{row}/{name}"] = f[name][b, :n].to("cpu", DTYPES[dtype]).contiguous()  # [s_pad, d] -> [s, d]
+    return out
+
+
+def build(target, dataset, cache_dir: str, layers: list[int], dtype: str = "bfloat16", shard_rows: int = 256,
+          required: Iterable[str] = CACHEABLE, batch_size: int = 8, log=print) -> dict:
+    """Write (or finish) the cache for `dataset` under cache_dir; returns the manifest."""
+    features = cache_features(required)
+    if not features:
+        raise ValueError(f"nothing to cache: required features {sorted(required)} include none of {CACHEABLE}")
+    if dtype not in DTYPES:
+        raise ValueError(f"features.dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    root = Path(cache_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    manifest_path = root / "manifest.json"
+    expected = _expected(target, dataset, layers, dtype, shard_rows, features)
+    manifest = {**expected, "shards": [], "tokens": 0, "loss_tokens": 0, "complete": False}
+    if manifest_path.exists():
+        old = json.loads(manifest_path.read_text())
+        diff = {k: (old.get(k), v) for k, v in expected.items() if old.get(k) != v}
+        if diff:
+            raise ValueError(f"{manifest_path} belongs to another build {diff} (cached, now): delete {root} "
+                             "(or set features.cache_dir to a new directory) and rerun "
+                             "`draftsmith prepare recipe.yaml --features`")
+        manifest = old
+    done = {s["start"] for s in manifest["shards"] if (root / s["file"]).exists()}
+    manifest["shards"] = [s for s in manifest["shards"] if s["start"] in done]
+    for start in range(0, len(dataset), shard_rows):
+        if start in done:
+            continue
+        end = min(len(dataset), start + shard_rows)
+        tensors = _shard_tensors(target, dataset, start, end, layers, dtype, features, batch_size)
+        name = f"shard_{start // shard_rows:05d}.safetensors"
+        tmp = root / (name + ".tmp")
+        save_file(tensors, str(tmp), metadata={"start": str(start), "end": str(end)})
+        os.replace(tmp, root / name)
+        tokens = sum(len(dataset[i]["input_ids"]) for i in range(start, end))
+        loss = sum(int(dataset[i]["loss_mask"].sum()) for i in range(start, end))
+        manifest["shards"].append({"file": name, "start": start, "end": end, "tokens": tokens, "loss_tokens": loss})
+        manifest["shards"].sort(key=lambda s: s["start"])
+        manifest["tokens"] = sum(s["tokens"] for s in manifest["shards"])
+        manifest["loss_tokens"] = sum(s["loss_tokens"] for s in manifest["shards"])
+        manifest["complete"] = sum(s["end"] - s["start"] for s in manifest["shards"]) == len(dataset)
+        _write_json(manifest_path, manifest)
+        log(f"feature cache: {name} rows [{start}, {end}) written")
+    manifest["complete"] = True
+    _write_json(manifest_path, manifest)
+    return manifest
+
+
+class CachedDataset(torch.utils.data.Dataset):
+    """Rows of a feature cache: {"input_ids", "loss_mask", "id", <cached features>} per item."""
+
+    def __init__(self, root: Path, manifest: dict, start: int = 0, end: Optional[int] = None):
+        self.root, self.manifest = root, manifest
+        self.start, self.end = start, manifest["rows"] if end is None else end
+        self._handles: dict[str, object] = {}
+        self._shard_of = {}
+        for s in manifest["shards"]:
+            for r in range(s["start"], s["end"]):
+                self._shard_of[r] = s["file"]
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def subset(self, start: int, end: int) -> "CachedDataset":
+        return CachedDataset(self.root, self.manifest, self.start + start, self.start + end)
+
+    def __getitem__(self, i: int) -> dict:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        row = self.start + i
+        file = self._shard_of[row]
+        if file not in self._handles:
+            self._handles[file] = safe_open(str(self.root / file), framework="pt")
+        h = self._handles[file]
+        item = {"input_ids": h.get_tensor(f"{row}/input_ids").long(), "loss_mask": h.get_tensor(f"{row}/loss_mask").long(),
+                "id": f"cache:{row}"}
+        for name in self.manifest["features"]:
+            item[name] = h.get_tensor(f"{row}/{name}")
+        return item
+
+
+def open(cache_dir: str, target, layers: list[int], required: Optional[Iterable[str]] = None) -> CachedDataset:  # noqa: A001
+    """Open a finished cache built for this target and layer set (ValueError otherwise)."""
+    root = Path(cache_dir)
+    path = root / "manifest.json"
+    if not path.exists():
+        raise FileNotFoundError(f"no feature cache at {root} (missing manifest.json): build it with "
+                                "`draftsmith prepare recipe.yaml --features`")
+    manifest = json.loads(path.read_text())
+    if manifest.get("target_fingerprint") != target.fingerprint:
+        raise ValueError(f"feature cache {root} was built for target {manifest.get('target')!r} (fingerprint "
+                         f"{manifest.get('target_fingerprint')}), not {target.name!r} (fingerprint {target.fingerprint}); "
+                         + REBUILD)
+    if manifest.get("layers") != list(layers):
+        raise ValueError(f"feature cache {root} holds layers {manifest.get('layers')}, the drafter needs {list(layers)}; "
+                         + REBUILD)
+    if not manifest.get("complete"):
+        raise ValueError(f"feature cache {root} is incomplete ({len(manifest['shards'])} shard(s) written); "
+                         "finish it with `draftsmith prepare recipe.yaml --features` (it resumes)")
+    missing = set(cache_features(required or [])) - set(manifest["features"])
+    if missing:
+        raise ValueError(f"feature cache {root} lacks {sorted(missing)} (has {manifest['features']}); " + REBUILD)
+    return CachedDataset(root, manifest)

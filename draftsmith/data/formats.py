@@ -1,0 +1,295 @@
+"""Read data files into normalised rows: conversations, plain-text documents and prompts.
+
+Accepted forms (docs/data.md has the full description):
+  ShareGPT  {"conversations": [{"from": "human"|"gpt"|"system", "value": str}, ...]}
+            (a DPO-style "chosen" reply {"from": "gpt", "value"} is appended as the last turn)
+  OpenAI    {"messages": [{"role": "user"|"assistant"|"system", "content": str | [parts]}, ...]}
+  Alpaca    {"instruction", "input"?, "output", "history"?: [[user, assistant], ...], "system"?}
+  Q&A       {"question", "answer"}
+  text      a .txt file (one document) or JSONL rows {"text": str}; "stdlib:SPLIT" documents
+  prompts   {"prompt": str} | {"turns": [str, ...]} | {"question": str} | {"instruction"} (no answer)
+Files are JSONL (one object per line), a JSON list, or plain text (.txt). Every row keeps its
+"file:line" so that a malformed row is reported where it is and skipped.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+DATA_SUFFIXES = (".json", ".jsonl", ".txt")
+PROMPT_KEYS = ("prompt", "turns", "question")
+ROLE_ALIASES = {
+    "human": "user", "user": "user",
+    "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "bard": "assistant",
+    "bing": "assistant", "model": "assistant",
+    "system": "system", "developer": "system",
+}
+
+# Skip reasons (keys of DataReport.skipped); the detail after ":" names the turn or key.
+BAD_JSON = "bad JSON"
+NOT_OBJECT = "not a JSON object"
+UNKNOWN_FORMAT = "unknown format"
+WRONG_FORMAT = "not in the configured data.format"
+MISSING_ROLE = "missing role"
+UNKNOWN_ROLE = "unknown role"
+MISSING_CONTENT = "missing content"
+EMPTY_TURN = "empty turn"
+NO_ASSISTANT = "no assistant turn"
+PROMPT_ONLY = "prompt only (regenerate it with `draftsmith prepare`)"
+EMPTY_TEXT = "empty text"
+
+
+class RowError(Exception):
+    """A malformed row: `reason` is the category (counted), `detail` says where in the row."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+@dataclass
+class Row:
+    """One normalised row. kind: "chat" (has an assistant turn), "prompt" (none yet) or "text"."""
+
+    source: str  # "file:line"
+    row_id: str  # stable id (used by regeneration to resume)
+    kind: str
+    messages: Optional[list[dict]] = None  # [{"role": "system"|"user"|"assistant", "content": str}]
+    text: Optional[str] = None
+    form: str = "text"  # the detected form: sharegpt, openai, alpaca, qa, prompts or text
+
+
+@dataclass
+class RawRow:
+    file: str
+    line: int
+    value: Any = None  # parsed JSON value, or the text of a .txt file
+    error: Optional[RowError] = None
+    row_id: Optional[str] = None
+
+    @property
+    def source(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+# --------------------------------------------------------------------------- files
+
+
+def expand_paths(paths: list[str]) -> list[str]:
+    """data.path entries -> files: globs and directories (*.json, *.jsonl, *.txt) expanded, sorted."""
+    if not paths:
+        raise ValueError("data.path is empty: set data.path in the recipe (or pass data.path=FILE on the command line)")
+    files: list[str] = []
+    for p in paths:
+        if p.startswith("stdlib:"):
+            files.append(p)
+        elif any(c in p for c in "*?["):
+            matches = sorted(glob.glob(p))
+            if not matches:
+                raise FileNotFoundError(f"data.path {p!r} matches no file; fix the pattern in data.path")
+            files.extend(matches)
+        elif os.path.isdir(p):
+            found = sorted(str(f) for f in Path(p).iterdir() if f.suffix in DATA_SUFFIXES)
+            if not found:
+                raise FileNotFoundError(f"data.path {p!r} is a directory with no {'/'.join(DATA_SUFFIXES)} files")
+            files.extend(found)
+        elif not os.path.exists(p):
+            raise FileNotFoundError(
+                f"data file {p!r} does not exist (relative to {os.getcwd()}); fix data.path in the recipe "
+                "or override it: data.path=PATH"
+            )
+        else:
+            files.append(p)
+    return files
+
+
+def _stdlib_rows(spec: str) -> Iterator[RawRow]:
+    split = spec.split(":", 1)[1]
+    from draftsmith.data import stdlib_corpus  # lazy: only recipes that use it pay for it
+
+    for i, (doc_id, text) in enumerate(stdlib_corpus.documents(split), start=1):
+        yield RawRow(spec, i, {"text": text}, row_id=f"{spec}:{doc_id}")
+
+
+def _json_list_rows(file: str, text: str, start: int) -> Iterator[RawRow]:
+    """Walk a top-level JSON list element by element so each row keeps its line number."""
+    decoder = json.JSONDecoder()
+    pos, line, counted = start + 1, 1, 0
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        line += text.count("\n", counted, pos)
+        counted = pos
+        if pos >= len(text) or text[pos] == "]":
+            return
+        try:
+            value, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            yield RawRow(file, line, error=RowError(BAD_JSON, f"{exc.msg} (the rest of the file is unreadable)"))
+            return
+        yield RawRow(file, line, value)
+        pos = end
+
+
+def read_raw(file: str) -> Iterator[RawRow]:
+    """Yield the raw rows of one file (parse errors become rows carrying a RowError)."""
+    if file.startswith("stdlib:"):
+        yield from _stdlib_rows(file)
+        return
+    text = Path(file).read_text(encoding="utf-8", errors="replace")
+    if file.endswith(".txt"):
+        yield RawRow(file, 1, text)
+        return
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        yield from _json_list_rows(file, text, len(text) - len(stripped))
+        return
+    for i, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield RawRow(file, i, json.loads(line))
+        except json.JSONDecodeError as exc:
+            yield RawRow(file, i, error=RowError(BAD_JSON, exc.msg))
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def _content(value: Any, where: str) -> str:
+    if isinstance(value, list):  # OpenAI content parts: keep the text parts
+        value = "".join(p.get("text", "") for p in value if isinstance(p, dict) and p.get("type") == "text")
+    if not isinstance(value, str):
+        raise RowError(MISSING_CONTENT, f"{where} has no text content")
+    if not value.strip():
+        raise RowError(EMPTY_TURN, f"{where} is empty")
+    return value
+
+
+def _turns(turns: Any, role_key: str, content_key: str, label: str) -> list[dict]:
+    if not isinstance(turns, list) or not turns:
+        raise RowError(EMPTY_TURN, f"'{label}' is not a non-empty list")
+    messages = []
+    for i, turn in enumerate(turns):
+        where = f"turn {i}"
+        if not isinstance(turn, dict):
+            raise RowError(NOT_OBJECT, f"{where} is not an object")
+        role = turn.get(role_key)
+        if role is None:
+            raise RowError(MISSING_ROLE, f"{where} has no {role_key!r}")
+        if str(role).lower() not in ROLE_ALIASES:
+            raise RowError(UNKNOWN_ROLE, f"{where} has {role_key}={role!r} (known: {', '.join(ROLE_ALIASES)})")
+        messages.append({"role": ROLE_ALIASES[str(role).lower()], "content": _content(turn.get(content_key), where)})
+    return messages
+
+
+def _sharegpt(obj: dict) -> list[dict]:
+    turns = obj["conversations"]
+    chosen = obj.get("chosen")
+    if isinstance(chosen, dict) and isinstance(turns, list):
+        turns = turns + [chosen]  # DPO rows: the preferred reply ends the conversation
+    return _turns(turns, "from", "value", "conversations")
+
+
+def _alpaca(obj: dict) -> list[dict]:
+    messages: list[dict] = []
+    if isinstance(obj.get("system"), str) and obj["system"].strip():
+        messages.append({"role": "system", "content": obj["system"]})
+    for i, pair in enumerate(obj.get("history") or []):
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise RowError(EMPTY_TURN, f"history[{i}] is not a [user, assistant] pair")
+        messages.append({"role": "user", "content": _content(pair[0], f"history[{i}][0]")})
+        messages.append({"role": "assistant", "content": _content(pair[1], f"history[{i}][1]")})
+    user = _content(obj.get("instruction"), "instruction")
+    extra = obj.get("input")
+    if isinstance(extra, str) and extra.strip():
+        user = f"{user}\n\n{extra}"
+    messages.append({"role": "user", "content": user})
+    if obj.get("output") is not None:
+        messages.append({"role": "assistant", "content": _content(obj["output"], "output")})
+    return messages
+
+
+def _prompt(obj: dict) -> list[dict]:
+    if "turns" in obj:
+        turns = obj["turns"]
+        if not isinstance(turns, list) or not turns:
+            raise RowError(EMPTY_TURN, "'turns' is not a non-empty list")
+        return [{"role": "user", "content": _content(t, f"turns[{i}]")} for i, t in enumerate(turns)]
+    key = "prompt" if "prompt" in obj else "question"
+    return [{"role": "user", "content": _content(obj[key], key)}]
+
+
+def _detect(obj: dict) -> str:
+    if "conversations" in obj:
+        return "sharegpt"
+    if "messages" in obj:
+        return "openai"
+    if "instruction" in obj:
+        return "alpaca"
+    if "question" in obj and "answer" in obj:
+        return "qa"
+    if "text" in obj:
+        return "text"
+    if any(k in obj for k in PROMPT_KEYS):
+        return "prompts"
+    keys = ", ".join(list(obj)[:6])
+    raise RowError(UNKNOWN_FORMAT, f"no conversations/messages/instruction/text/prompt/turns/question key (keys: {keys})")
+
+
+def _finish(raw: RawRow, messages: list[dict], row_id: str, form: str, prompts_only: bool) -> Row:
+    if prompts_only:
+        messages = [m for m in messages if m["role"] != "assistant"]
+        if not any(m["role"] == "user" for m in messages):
+            raise RowError(EMPTY_TURN, "no user turn to answer")
+        return Row(raw.source, row_id, "prompt", messages=messages, form=form)
+    kind = "chat" if any(m["role"] == "assistant" for m in messages) else "prompt"
+    return Row(raw.source, row_id, kind, messages=messages, form=form)
+
+
+def parse(raw: RawRow, fmt: str = "auto") -> Row:
+    """Normalise one raw row under data.format `fmt`; raises RowError when it is malformed."""
+    if raw.error is not None:
+        raise raw.error
+    row_id = raw.row_id or f"{Path(raw.file).name}:{raw.line}"
+    if isinstance(raw.value, str):  # a .txt document
+        if not raw.value.strip():
+            raise RowError(EMPTY_TEXT, "the file is empty")
+        return Row(raw.source, row_id, "text", text=raw.value)
+    obj = raw.value
+    if not isinstance(obj, dict):
+        raise RowError(NOT_OBJECT, f"got a JSON {type(obj).__name__}")
+    form = _detect(obj)
+    if fmt not in ("auto", "prompts") and form != fmt:
+        raise RowError(WRONG_FORMAT, f"data.format is {fmt!r} but the row looks like {form!r}")
+    if form == "text":
+        text = obj["text"]
+        if not isinstance(text, str) or not text.strip():
+            raise RowError(EMPTY_TEXT, "'text' is empty or not a string")
+        if fmt == "prompts":
+            raise RowError(WRONG_FORMAT, "data.format is 'prompts' but the row is a text document")
+        return Row(raw.source, row_id, "text", text=text)
+    builders = {
+        "sharegpt": _sharegpt,
+        "openai": lambda o: _turns(o["messages"], "role", "content", "messages"),
+        "alpaca": _alpaca,
+        "qa": lambda o: [{"role": "user", "content": _content(o["question"], "question")},
+                         {"role": "assistant", "content": _content(o["answer"], "answer")}],
+        "prompts": _prompt,
+    }
+    return _finish(raw, builders[form](obj), row_id, form, prompts_only=fmt == "prompts")
+
+
+def iter_rows(paths: list[str], fmt: str = "auto") -> Iterator[tuple[RawRow, Optional[Row], Optional[RowError]]]:
+    """(raw, row, None) for each good row and (raw, None, error) for each malformed one, in file order."""
+    for file in expand_paths(paths):
+        for raw in read_raw(file):
+            try:
+                yield raw, parse(raw, fmt), None
+            except RowError as exc:
+                yield raw, None, exc

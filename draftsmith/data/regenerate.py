@@ -1,0 +1,308 @@
+"""Regenerate the assistant turns of a data set with the target itself (self-distillation, as
+EAGLE and Medusa-2 recommend): the drafter then learns the target's own distribution.
+
+    summary = regenerate(cfg.data.path, LocalGenerator(target, cfg.regenerate, cfg.data), cfg.regenerate.output)
+
+Output: JSONL rows {"id", "source", "messages": [...]} (OpenAI form, read back by data.format auto).
+Resumable: each finished row is appended and flushed; a rerun skips ids already in the file and
+redoes a torn last line. Accounting: success + error + skipped == input, printed and stored in
+OUTPUT.summary.json. Rows that failed (error) are not written, so a rerun retries them.
+Multi-turn: each user turn followed by an assistant turn (or ending the row) is answered in
+order, given the regenerated history; the original assistant turns are dropped.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from draftsmith.data import chat, formats
+
+MAX_EXAMPLES = 10
+
+
+@dataclass
+class Result:
+    """One generation: status "ok" (text), "error" (retry on rerun) or "skip" (never possible)."""
+
+    status: str
+    text: str = ""
+    reason: str = ""
+
+
+@dataclass
+class RegenSummary:
+    output: str
+    settings: dict
+    input: int = 0
+    success: int = 0  # rows in the output, including `resumed` ones from earlier runs
+    resumed: int = 0
+    error: int = 0
+    skipped: int = 0
+    empty_answers: int = 0
+    errors: Counter = field(default_factory=Counter)
+    skips: Counter = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)
+    torn_line_repaired: bool = False
+    elapsed_s: float = 0.0
+
+    def note(self, kind: str, source: str, reason: str) -> None:
+        (self.errors if kind == "error" else self.skips)[reason.split(":")[0]] += 1
+        setattr(self, kind, getattr(self, kind) + 1)
+        if len(self.examples) < MAX_EXAMPLES:
+            self.examples.append(f"{source}: {kind}: {reason}")
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "errors": dict(self.errors), "skips": dict(self.skips)}
+
+    def summary(self) -> str:
+        ok = self.success + self.error + self.skipped == self.input
+        lines = [f"regenerate -> {self.output}",
+                 f"  input {self.input} = success {self.success} (resumed {self.resumed}) + error {self.error} "
+                 f"+ skipped {self.skipped} [{'ok' if ok else 'MISMATCH'}]; empty answers {self.empty_answers}; "
+                 f"{self.elapsed_s:.1f}s"]
+        lines += [f"    error {n:>6}  {r}" for r, n in self.errors.most_common()]
+        lines += [f"    skipped {n:>4}  {r}" for r, n in self.skips.most_common()]
+        lines += [f"    {e}" for e in self.examples]
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- generators
+
+
+class LocalGenerator:
+    """Batched HF generate on the frozen target: left padding, greedy or sampled, stop on eos_ids."""
+
+    def __init__(self, target, rcfg, data_cfg):
+        self.target, self.rcfg = target, rcfg
+        self.mode, self.max_prompt = data_cfg.chat_template, data_cfg.max_length
+        tok = target.tokenizer
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else target.eos_ids[0]
+        self.calls = 0
+
+    def settings(self) -> dict:
+        return {"generator": "local", "target": self.target.name, "fingerprint": self.target.fingerprint,
+                "chat_template": chat.renderer_name(self.target.tokenizer, self.mode),
+                "max_new_tokens": self.rcfg.max_new_tokens, "temperature": self.rcfg.temperature,
+                "top_p": self.rcfg.top_p, "seed": self.rcfg.seed}
+
+    @torch.no_grad()
+    def generate(self, histories: list[list[dict]]) -> list[Result]:
+        tok = self.target.tokenizer
+        prompts = [chat.encode_prompt(tok, h, self.mode) for h in histories]
+        results = [Result("skip", reason=f"prompt too long: {len(p)} tokens > data.max_length {self.max_prompt}")
+                   if len(p) > self.max_prompt else None for p in prompts]
+        todo = [i for i, r in enumerate(results) if r is None]
+        if not todo:
+            return results
+        width = max(len(prompts[i]) for i in todo)
+        ids = torch.full((len(todo), width), self.pad_id, dtype=torch.long)  # [b, s] left padded
+        attn = torch.zeros((len(todo), width), dtype=torch.long)
+        for row, i in enumerate(todo):
+            ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
+            attn[row, width - len(prompts[i]):] = 1
+        sampling = {"do_sample": False}
+        if self.rcfg.temperature > 0:
+            torch.manual_seed(self.rcfg.seed + self.calls)
+            sampling = {"do_sample": True, "temperature": self.rcfg.temperature, "top_p": self.rcfg.top_p}
+        self.calls += 1
+        device = self.target.device
+        out = self.target.model.generate(
+            input_ids=ids.to(device), attention_mask=attn.to(device), max_new_tokens=self.rcfg.max_new_tokens,
+            eos_token_id=self.target.eos_ids, pad_token_id=self.pad_id, **sampling,
+        )  # [b, width + new]
+        stops = set(self.target.eos_ids)
+        for row, i in enumerate(todo):
+            new = out[row, width:].tolist()
+            cut = next((j for j, t in enumerate(new) if t in stops), len(new))
+            results[i] = Result("ok", tok.decode(new[:cut], skip_special_tokens=True).strip())
+        return results
+
+
+class HTTPGenerator:
+    """An OpenAI-compatible server: {endpoint}/chat/completions, or /completions with the
+    prompt rendered by draftsmith (regenerate.api = completions; needs the target tokenizer)."""
+
+    def __init__(self, rcfg, data_cfg, tokenizer=None):
+        if not rcfg.endpoint:
+            raise ValueError("regenerate.endpoint is required for regenerate.generator=openai "
+                             "(e.g. regenerate.endpoint=http://127.0.0.1:8000/v1)")
+        if rcfg.api == "completions" and tokenizer is None:
+            raise ValueError("regenerate.api=completions renders prompts locally and needs the target tokenizer")
+        self.rcfg, self.mode, self.tokenizer = rcfg, data_cfg.chat_template, tokenizer
+        self.key = os.environ.get(rcfg.api_key_env)  # local servers need none
+
+    def settings(self) -> dict:
+        r = self.rcfg
+        return {"generator": "openai", "endpoint": r.endpoint, "model": r.model, "api": r.api,
+                "max_new_tokens": r.max_new_tokens, "temperature": r.temperature, "top_p": r.top_p}
+
+    def _post(self, path: str, payload: dict) -> dict:
+        headers = {"Content-Type": "application/json"}
+        if self.key:
+            headers["Authorization"] = f"Bearer {self.key}"
+        url = self.rcfg.endpoint.rstrip("/") + path
+        req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers=headers, method="POST")
+        with urllib.request.urlopen(req, timeout=self.rcfg.timeout_s) as resp:
+            return json.loads(resp.read().decode())
+
+    def _one(self, history: list[dict]) -> Result:
+        r = self.rcfg
+        payload = {"model": r.model, "max_tokens": r.max_new_tokens, "temperature": r.temperature, "top_p": r.top_p}
+        try:
+            if r.api == "completions":
+                body = self._post("/completions", {**payload, "prompt": chat.prompt_text(self.tokenizer, history, self.mode)})
+                text = body["choices"][0]["text"]
+            else:
+                body = self._post("/chat/completions", {**payload, "messages": history})
+                text = body["choices"][0]["message"]["content"]
+        except urllib.error.HTTPError as exc:
+            return Result("error", reason=f"HTTP {exc.code}: {exc.reason}")
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+            return Result("error", reason=f"request failed: {exc}")
+        except (json.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
+            return Result("error", reason=f"bad response: {type(exc).__name__} {exc}")
+        if not isinstance(text, str):
+            return Result("error", reason="bad response: content is not a string")
+        return Result("ok", text.strip())
+
+    def generate(self, histories: list[list[dict]]) -> list[Result]:
+        with ThreadPoolExecutor(max_workers=max(1, min(self.rcfg.batch_size, len(histories)))) as pool:
+            return list(pool.map(self._one, histories))
+
+
+# --------------------------------------------------------------------------- resumable output
+
+
+def load_done(output: Path) -> tuple[set[str], bool]:
+    """Ids already written; a torn or unparsable LAST line is cut off (it is redone)."""
+    if not output.exists():
+        return set(), False
+    data = output.read_bytes()
+    lines = data.split(b"\n")
+    complete, keep = lines[:-1], len(data) - len(lines[-1])  # lines[-1] is b"" when data ends with a newline
+    torn = keep < len(data)
+    if complete and not torn:
+        try:
+            json.loads(complete[-1])
+        except json.JSONDecodeError:  # a complete but unparsable last line: redo it too
+            torn, keep, complete = True, keep - len(complete[-1]) - 1, complete[:-1]
+    done: set[str] = set()
+    for n, line in enumerate(complete, start=1):
+        try:
+            done.add(json.loads(line)["id"])
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ValueError(f"{output}:{n}: not a regeneration row ({exc}); the file is damaged in the middle: "
+                             "delete it (or set regenerate.output to a new path) and rerun") from exc
+    if torn:
+        with open(output, "r+b") as f:
+            f.truncate(keep)
+    return done, torn
+
+
+def _check_settings(sidecar: Path, settings: dict, output: Path) -> None:
+    if not sidecar.exists() or not output.exists():
+        return
+    old = json.loads(sidecar.read_text()).get("settings", {})
+    diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+    if diff:
+        raise ValueError(f"{output} was written with other settings {diff} (old, new); resuming would mix them: "
+                         "delete it or set regenerate.output to a new path")
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def _answer_points(messages: list[dict]) -> list[dict]:
+    """Drop assistant turns; mark each user turn that gets an answer: in a prompt row (no
+    assistant turn, e.g. MT-bench "turns") every user turn; in a conversation each user turn
+    not followed by another user turn."""
+    prompt_row = not any(m["role"] == "assistant" for m in messages)
+    out = []
+    for i, m in enumerate(messages):
+        if m["role"] == "assistant":
+            continue
+        nxt = messages[i + 1]["role"] if i + 1 < len(messages) else None
+        out.append({**m, "_answer": m["role"] == "user" and (prompt_row or nxt != "user")})
+    return out
+
+
+def _run_batch(batch: list[formats.Row], generator, summary: RegenSummary, sink) -> None:
+    """Answer every marked user turn of each row in order, one generator call per turn index."""
+    plans = [_answer_points(row.messages) for row in batch]
+    histories: list[list[dict]] = [[] for _ in batch]
+    cursors = [0] * len(batch)
+    failed: dict[int, Result] = {}
+    while True:
+        ask = []
+        for b, plan in enumerate(plans):
+            while b not in failed and cursors[b] < len(plan):
+                m = plan[cursors[b]]
+                cursors[b] += 1
+                histories[b].append({"role": m["role"], "content": m["content"]})
+                if m["_answer"]:
+                    ask.append(b)
+                    break
+        if not ask:
+            break
+        for b, res in zip(ask, generator.generate([histories[b] for b in ask])):
+            if res.status != "ok":
+                failed[b] = res
+            else:
+                summary.empty_answers += int(not res.text)
+                histories[b].append({"role": "assistant", "content": res.text})
+    for b, row in enumerate(batch):
+        if b in failed:
+            summary.note(failed[b].status if failed[b].status == "error" else "skipped", row.source, failed[b].reason)
+            continue
+        sink.write(json.dumps({"id": row.row_id, "source": row.source, "messages": histories[b]}) + "\n")
+        summary.success += 1
+    sink.flush()
+    os.fsync(sink.fileno())
+
+
+def regenerate(paths: list[str], generator, output: str, fmt: str = "auto", batch_size: int = 8,
+               limit: Optional[int] = None, log=print) -> RegenSummary:
+    """Regenerate the rows of `paths` into `output` (resumable); see the module docstring."""
+    start = time.time()
+    out, sidecar = Path(output), Path(f"{output}.summary.json")
+    settings = generator.settings()
+    _check_settings(sidecar, settings, out)
+    done, torn = load_done(out)
+    summary = RegenSummary(output=str(out), settings=settings, torn_line_repaired=torn)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "a", encoding="utf-8") as sink:
+        batch: list[formats.Row] = []
+        for raw, row, err in formats.iter_rows(paths, fmt):
+            if limit is not None and summary.input >= limit:
+                break
+            summary.input += 1
+            if err is not None:
+                summary.note("skipped", raw.source, str(err))
+            elif row.kind == "text":
+                summary.note("skipped", raw.source, "text document: no turn to answer")
+            elif row.row_id in done:
+                summary.success += 1
+                summary.resumed += 1
+            elif not any(m["role"] == "user" for m in row.messages):
+                summary.note("skipped", raw.source, "no user turn to answer")
+            else:
+                batch.append(row)
+                if len(batch) == batch_size:
+                    _run_batch(batch, generator, summary, sink)
+                    batch = []
+                    log(f"regenerate: {summary.input} rows read, {summary.success} done, {summary.error} errors")
+        if batch:
+            _run_batch(batch, generator, summary, sink)
+    summary.elapsed_s = time.time() - start
+    sidecar.write_text(json.dumps(summary.to_dict(), indent=2))
+    return summary

@@ -1,0 +1,76 @@
+"""export(): load a checkpoint, build one format in a temporary sibling directory, validate the
+files as written, then move the directory into place with one rename. A failed export leaves
+the output directory untouched (absent, or as it was)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from safetensors.torch import save_file
+
+from draftsmith.export.common import CONFIG_FILE, SIDECAR_FILE, WEIGHTS_FILE, ExportFiles, ExportOptions, num_tokens
+
+
+@dataclass
+class ExportResult:
+    out_dir: Path
+    serve_command: str
+    report: dict  # validation report ({} with validate=False)
+
+
+def write_files(files: ExportFiles, directory: Path) -> None:
+    if files.writer is not None:
+        files.writer(directory)
+    if files.tensors:
+        save_file(files.tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    if files.config:
+        (directory / CONFIG_FILE).write_text(json.dumps(files.config, indent=2) + "\n")
+    (directory / SIDECAR_FILE).write_text(json.dumps(files.sidecar, indent=2, default=str) + "\n")
+    for name, text in files.extra.items():
+        (directory / name).write_text(text)
+
+
+def export(checkpoint, to: str, out, options: ExportOptions | None = None, validate: bool = True,
+           overwrite: bool = False, loaded=None) -> ExportResult:
+    """Export checkpoint (a draftsmith checkpoint dir, or an already loaded LoadedDrafter) to `out`."""
+    from draftsmith.export import EXPORTERS
+    from draftsmith.export.validate import validate_export
+    from draftsmith.train.checkpoint import load_drafter
+
+    exporter = EXPORTERS.get(to)()
+    opts = options or ExportOptions()
+    loaded = loaded if loaded is not None else load_drafter(checkpoint)
+    kind = loaded.drafter.kind
+    if kind not in exporter.kinds:
+        fits = [name for name in EXPORTERS.names() if kind in EXPORTERS.get(name).kinds]
+        raise ValueError(f"--to {to} does not take {kind} drafters (it takes {list(exporter.kinds)}); "
+                         f"formats for {kind}: {fits}")
+    out = Path(out).resolve()
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out} exists and is not empty; pass --overwrite to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        files = exporter.build(loaded, opts, out)
+        serve = exporter.serve_command(out, loaded, opts)
+        files.sidecar["serve_command"] = serve
+        write_files(files, tmp)
+        report = {}
+        if validate:
+            k = num_tokens(loaded, opts, files.sidecar.get("num_speculative_tokens") or 5)
+            report = validate_export(tmp, exporter, loaded, opts, k)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return ExportResult(out_dir=out, serve_command=serve, report=report)

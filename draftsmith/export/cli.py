@@ -1,0 +1,42 @@
+"""`draftsmith export`: write a trained drafter in an engine's format, validate it, print the
+serving command.
+
+    draftsmith export runs/eagle3-llama3.1-8b/final --to vllm   --out exported/vllm
+    draftsmith export runs/eagle3-llama3.1-8b/final --to sglang --out exported/sglang
+    draftsmith export runs/eagle3-llama3.1-8b/final --to trtllm --out exported/trtllm
+    draftsmith export runs/draft-lm/final --to hf --out exported/draft
+"""
+from __future__ import annotations
+
+import sys
+
+from draftsmith.export.common import DTYPES, ExportOptions, ExportValidationError
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("checkpoint", help="a draftsmith checkpoint directory, e.g. runs/NAME/final")
+    parser.add_argument("--to", required=True, choices=["vllm", "sglang", "trtllm", "hf"], help="engine format")
+    parser.add_argument("--out", required=True, help="output directory (built elsewhere, moved in when valid)")
+    parser.add_argument("--dtype", choices=list(DTYPES), default=None, help="weights dtype (default: the checkpoint's)")
+    parser.add_argument("--num-speculative-tokens", type=int, default=None,
+                        help="draft tokens per round in the serving config (default: the drafter's)")
+    parser.add_argument("--verifier", default=None, help="the verifier as the engine loads it (default: recipe target.path)")
+    parser.add_argument("--no-validate", action="store_true", help="skip the validation gate (not recommended)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+
+
+def main(args) -> int:
+    from draftsmith.export.api import export
+
+    opts = ExportOptions(dtype=args.dtype, num_speculative_tokens=args.num_speculative_tokens, verifier=args.verifier)
+    try:
+        result = export(args.checkpoint, args.to, args.out, opts, validate=not args.no_validate,
+                        overwrite=args.overwrite)
+    except (ExportValidationError, FileExistsError, FileNotFoundError, ValueError) as exc:
+        print(f"draftsmith export: {exc}", file=sys.stderr)
+        return 1
+    state = f"validated: {result.report.get('round_trip')}" if result.report else "NOT validated (--no-validate)"
+    print(f"exported {args.checkpoint} -> {result.out_dir} ({args.to}; {state})")
+    print("serve it with:")
+    print(f"  {result.serve_command}")
+    return 0

@@ -1,0 +1,294 @@
+"""What every export format shares: options, the files an exporter produces, the exporter
+interface, the draft layer's Llama fields (rope carried from the target), and the EAGLE-3
+tensor layout that SGLang, vLLM (speculators) and TensorRT-LLM (Model Optimizer) each spell
+their own way.
+
+Aux-layer id conventions (read from each engine's source, see docs/export.md):
+  draftsmith, vLLM   id i = hidden_states[i], the INPUT of target layer i (vLLM captures
+                     `hidden_states + residual` before running layer i)
+  SGLang, TRT-LLM    id i = the OUTPUT of target layer i = hidden_states[i + 1] (SGLang's
+                     set_eagle3_layers_to_capture adds 1; TRT-LLM / Model Optimizer hook
+                     layer outputs; both default to [1, L//2 - 1, L - 4])
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+from safetensors.torch import load_file
+
+from draftsmith import __version__
+from draftsmith import config as config_mod
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+SIDECAR_FILE = "draftsmith.json"  # verifier identity, training meta, resolved recipe, serving command
+
+
+@dataclass
+class ExportOptions:
+    # Weights dtype of the export; None keeps the checkpoint's (float32 for CPU-trained drafters).
+    dtype: str | None = None
+    # Draft tokens per round written into the serving config; None: the drafter's own default.
+    num_speculative_tokens: int | None = None
+    # The verifier as the engine should load it (HF id or path); None: the recipe's target.path.
+    verifier: str | None = None
+
+
+@dataclass
+class ExportFiles:
+    config: dict  # config.json
+    tensors: dict[str, torch.Tensor]  # model.safetensors (empty when `writer` writes the weights)
+    sidecar: dict  # draftsmith.json
+    extra: dict[str, str] = field(default_factory=dict)  # other text files, name -> content
+    writer: object = None  # optional callable(dir): writes a whole HF model dir (draft LM)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+class ExportValidationError(ValueError):
+    """Every problem found in one export, one per line."""
+
+    def __init__(self, where: str, problems: list[str]):
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"export to {where} failed validation ({len(problems)} problem(s)); nothing was written:\n{lines}")
+
+
+class Exporter:
+    """One engine format. Subclasses set name/engine/kinds and implement the methods below."""
+
+    name: ClassVar[str] = ""
+    engine: ClassVar[str] = ""
+    kinds: ClassVar[tuple[str, ...]] = ()
+
+    def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:
+        """The files of this format for a loaded checkpoint (out_dir: the final directory)."""
+        raise NotImplementedError
+
+    def required_config_keys(self, kind: str) -> list[str]:
+        """Dotted config.json keys the engine reads (nested dicts as a.b)."""
+        raise NotImplementedError
+
+    def expected_tensors(self, config: dict, kind: str) -> dict[str, TensorSpec]:
+        """Every tensor the engine expects, derived from config.json alone."""
+        raise NotImplementedError
+
+    def llama_fields(self, config: dict) -> dict | None:
+        """The part of config.json holding the draft layer's Llama fields (rope, positions)."""
+        return config
+
+    def check_format(self, export_dir: Path, config: dict, tensors: dict, loaded) -> list[str]:
+        """Format-specific checks beyond names and shapes; returns problems."""
+        return []
+
+    def load_back(self, export_dir: Path, loaded):
+        """Re-import the exported files into a draftsmith drafter (the round trip)."""
+        raise NotImplementedError
+
+    def serve_command(self, out_dir: Path, loaded, opts: ExportOptions) -> str:
+        raise NotImplementedError
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def export_dtype(loaded, opts: ExportOptions) -> torch.dtype:
+    if opts.dtype is None:
+        floats = [t.dtype for t in loaded.drafter.state_dict().values() if t.is_floating_point()]
+        return floats[0] if floats else torch.float32
+    if opts.dtype not in DTYPES:
+        raise ValueError(f"--dtype {opts.dtype!r} is not one of {list(DTYPES)}")
+    return DTYPES[opts.dtype]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def cast_floats(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Floating tensors to `dtype`, others (d2t int64, t2d bool) unchanged; contiguous CPU copies."""
+    return {k: (v.to(dtype) if v.is_floating_point() else v).detach().cpu().contiguous() for k, v in tensors.items()}
+
+
+def rename(tensors: dict[str, torch.Tensor], old: str, new: str) -> dict[str, torch.Tensor]:
+    return {(new + k[len(old):] if k.startswith(old) else k): v for k, v in tensors.items()}
+
+
+def read_export(export_dir: Path) -> tuple[dict, dict, dict[str, torch.Tensor]]:
+    """(config.json, draftsmith.json, tensors of model.safetensors) of an export directory."""
+    export_dir = Path(export_dir)
+    for name in (CONFIG_FILE, SIDECAR_FILE, WEIGHTS_FILE):
+        if not (export_dir / name).exists():
+            raise FileNotFoundError(f"{export_dir / name} is missing: {export_dir} is not a complete draftsmith export")
+    config = json.loads((export_dir / CONFIG_FILE).read_text())
+    sidecar = json.loads((export_dir / SIDECAR_FILE).read_text())
+    return config, sidecar, load_file(str(export_dir / WEIGHTS_FILE))
+
+
+def sha256_tensor(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
+
+
+def target_rope(target_config) -> dict:
+    """The target's rope parameters as a transformers-5 `rope_parameters` dict."""
+    rope = getattr(target_config, "rope_parameters", None)
+    if rope is None:
+        rope = {"rope_type": "default", "rope_theta": getattr(target_config, "rope_theta", 10000.0)}
+        if getattr(target_config, "rope_scaling", None):
+            rope.update(target_config.rope_scaling)
+    return dict(rope)
+
+
+def rope_scaling_of(rope: dict) -> dict | None:
+    """Legacy `rope_scaling` (everything but rope_theta) or None for unscaled rope."""
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return None
+    return {k: v for k, v in rope.items() if k != "rope_theta"}
+
+
+def rope_fields(rope: dict) -> dict:
+    """Both spellings, so that readers of either transformers 4 (rope_theta + rope_scaling)
+    or transformers 5 (rope_parameters) configs see the target's rope."""
+    return {"rope_theta": rope.get("rope_theta", 10000.0), "rope_scaling": rope_scaling_of(rope), "rope_parameters": dict(rope)}
+
+
+def llama_fields(layer_config, target_config, dtype: torch.dtype) -> dict:
+    """The draft layer's Llama config as engines read it; max positions and rope from the target."""
+    lc, tc = layer_config, target_config
+    fields = {
+        "model_type": "llama",
+        "hidden_size": lc.hidden_size,
+        "intermediate_size": lc.intermediate_size,
+        "num_hidden_layers": 1,
+        "num_attention_heads": lc.num_attention_heads,
+        "num_key_value_heads": lc.num_key_value_heads,
+        "head_dim": lc.head_dim,
+        "hidden_act": lc.hidden_act,
+        "rms_norm_eps": lc.rms_norm_eps,
+        "vocab_size": lc.vocab_size,
+        "max_position_embeddings": tc.max_position_embeddings,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,  # SGLang ties lm_head to embed_tokens when true: wrong for a draft vocab
+        "initializer_range": getattr(lc, "initializer_range", 0.02),
+        "pretraining_tp": 1,
+        "use_cache": True,
+        "bos_token_id": getattr(tc, "bos_token_id", None),
+        "eos_token_id": getattr(tc, "eos_token_id", None),
+        "pad_token_id": getattr(tc, "pad_token_id", None),
+        "torch_dtype": dtype_name(dtype),
+        "dtype": dtype_name(dtype),
+    }
+    fields.update(rope_fields(target_rope(tc)))
+    return fields
+
+
+def output_of_layer_ids(aux_ids: list[int], engine: str) -> list[int]:
+    """draftsmith ids (input of layer i) -> SGLang / TRT-LLM ids (output of layer i - 1)."""
+    if any(i < 1 for i in aux_ids):
+        raise ValueError(
+            f"aux layer ids {aux_ids} include 0 (the embedding output), which {engine} cannot capture: its ids "
+            "name layer outputs. Retrain with drafter.aux_layer_ids >= 1 (e.g. the default [2, L//2, L-3])"
+        )
+    return [i - 1 for i in aux_ids]
+
+
+def sidecar(loaded, fmt: str, engine: str, opts: ExportOptions, extra: dict | None = None) -> dict:
+    """draftsmith.json: what was exported, for which verifier, from which checkpoint."""
+    target = loaded.target
+    out = {
+        "format": fmt,
+        "engine": engine,
+        "drafter_kind": loaded.drafter.kind,
+        "verifier": {**target.identity(), "serve_as": verifier_name(loaded, opts)},
+        "aux_layer_ids": loaded.drafter.feature_layers(),
+        "aux_layer_ids_convention": "draftsmith: id i = hidden_states[i], the input of target layer i",
+        "checkpoint_meta": loaded.meta,
+        "recipe": config_mod.to_dict(loaded.config),
+        "draftsmith_version": __version__,
+    }
+    out.update(extra or {})
+    return out
+
+
+def verifier_name(loaded, opts: ExportOptions) -> str:
+    return opts.verifier or loaded.config.target.path
+
+
+def num_tokens(loaded, opts: ExportOptions, default: int) -> int:
+    k = opts.num_speculative_tokens if opts.num_speculative_tokens is not None else default
+    if k < 1:
+        raise ValueError(f"--num-speculative-tokens must be >= 1, got {k}")
+    return int(k)
+
+
+# --------------------------------------------------------------------------- EAGLE-3 layout
+
+# draftsmith / SGLang names below `midlayer.`; vLLM and TRT-LLM spell them `layers.0.`.
+EAGLE3_LAYER_TENSORS = (
+    "hidden_norm.weight", "input_layernorm.weight", "post_attention_layernorm.weight",
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+)
+
+
+def eagle3_tensor_spec(llama: dict, draft_vocab: int, num_aux: int, target_hidden: int, layer_prefix: str,
+                       dtype: torch.dtype, with_t2d: bool, with_embed: bool) -> dict[str, TensorSpec]:
+    """Shapes every EAGLE-3 tensor must have, from the config's Llama fields alone."""
+    h, V = llama["hidden_size"], llama["vocab_size"]
+    q = llama["num_attention_heads"] * llama["head_dim"]
+    kv = llama["num_key_value_heads"] * llama["head_dim"]
+    inter = llama["intermediate_size"]
+    p = layer_prefix
+    spec = {
+        "fc.weight": TensorSpec((h, num_aux * target_hidden), dtype),
+        f"{p}hidden_norm.weight": TensorSpec((h,), dtype),
+        f"{p}input_layernorm.weight": TensorSpec((h,), dtype),
+        f"{p}post_attention_layernorm.weight": TensorSpec((h,), dtype),
+        f"{p}self_attn.q_proj.weight": TensorSpec((q, 2 * h), dtype),  # attention reads [emb ; hidden]
+        f"{p}self_attn.k_proj.weight": TensorSpec((kv, 2 * h), dtype),
+        f"{p}self_attn.v_proj.weight": TensorSpec((kv, 2 * h), dtype),
+        f"{p}self_attn.o_proj.weight": TensorSpec((h, q), dtype),
+        f"{p}mlp.gate_proj.weight": TensorSpec((inter, h), dtype),
+        f"{p}mlp.up_proj.weight": TensorSpec((inter, h), dtype),
+        f"{p}mlp.down_proj.weight": TensorSpec((h, inter), dtype),
+        "norm.weight": TensorSpec((h,), dtype),
+        "lm_head.weight": TensorSpec((draft_vocab, h), dtype),
+        "d2t": TensorSpec((draft_vocab,), torch.int64),
+    }
+    if with_t2d:
+        spec["t2d"] = TensorSpec((V,), torch.bool)
+    if with_embed:
+        spec["embed_tokens.weight"] = TensorSpec((V, h), dtype)
+    return spec
+
+
+def eagle3_weights(loaded, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The trained drafter's tensors in draftsmith (= SGLang) names, cast to the export dtype."""
+    return cast_floats(loaded.drafter.state_dict_for_export(), dtype)
+
+
+def eagle3_from_weights(weights: dict[str, torch.Tensor], loaded, source: str):
+    """A fresh EAGLE-3 drafter for loaded.target holding `weights` (draftsmith names), strictly."""
+    from draftsmith.heads.eagle3 import Eagle3Drafter
+
+    options = config_mod.drafter_options(loaded.config)
+    # Kept in the target's dtype: bf16/fp16 weights are upcast exactly on load, and the proposer
+    # then runs the rounded weights in full precision (both sides of the round trip alike).
+    drafter = Eagle3Drafter.from_target(options, loaded.target, None)
+    missing, unexpected = drafter.load_state_dict(weights, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{source}: re-import failed: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+    return drafter.eval()

@@ -1,0 +1,206 @@
+"""`draftsmith leaderboard`: one acceptance leaderboard from many result files.
+
+    draftsmith leaderboard results/*.json --out leaderboard/
+    draftsmith leaderboard machine-a/results/ machine-b/results/ --out leaderboard/ --training-log runs/x/metrics.jsonl
+
+Writes leaderboard/index.html (static, sortable, works offline), leaderboard/README.md (the
+same tables and pictures in Markdown), leaderboard/rows.json and leaderboard/plots/*.png.
+Malformed result files are named on stderr and skipped; files that mix definitions or schema
+versions are refused (exit status 2).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from draftsmith.report import html as H
+from draftsmith.report import markdown as M
+from draftsmith.report import plots
+from draftsmith.report.leaderboard import ModelTable, Row, build_rows, group_by_target, model_tables
+from draftsmith.report.results_io import IncompatibleResultsError, Result, load_results
+
+
+@dataclass
+class TargetSection:
+    target: str
+    rows: list[Row]
+    plots: list[Path] = field(default_factory=list)
+    by_hardware: dict[str, tuple[list[Path], list[ModelTable]]] = field(default_factory=dict)
+
+
+@dataclass
+class LeaderboardOutput:
+    out_dir: Path
+    index_html: Path
+    readme: Path
+    rows_json: Path
+    rows: list[Row]
+    sections: list[TargetSection]
+    training_plots: list[Path]
+    skipped: list[str]
+    notes: list[str]
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()[:60] or "x"
+
+
+def resolve_training_log(result: Result) -> tuple[Path | None, str | None]:
+    """The result's training_log: absolute as is; relative against the working directory, then
+    against the result file's directory. Returns (path, None) or (None, note naming the miss)."""
+    raw = Path(result.training_log)
+    candidates = [raw] if raw.is_absolute() else [raw, result.path.parent / raw]
+    for c in candidates:
+        if c.is_file():
+            return c, None
+    return None, f"{result.path}: training_log {result.training_log!r} not found (tried {[str(c) for c in candidates]})"
+
+
+def training_plots(results: list[Result], extra_logs: list[str], plot_dir: Path) -> tuple[list[Path], list[str]]:
+    """Training-curve figures for every result's training_log and every --training-log."""
+    logs: list[tuple[str, Path]] = []
+    notes: list[str] = []
+    for r in results:
+        if r.training_log:
+            path, note = resolve_training_log(r)
+            if path is None:
+                notes.append(note)
+            else:
+                logs.append((f"{r.drafter_name} ({r.target_name})", path))
+    logs += [(Path(p).parent.name or str(p), Path(p)) for p in extra_logs]
+    out, seen = [], set()
+    for label, path in logs:
+        if path.resolve() in seen:
+            continue
+        seen.add(path.resolve())
+        try:
+            out.append(plots.training_curve(path, plot_dir / f"training-{len(out) + 1}-{slug(label)}.png",
+                                            f"training curve: {label} — {path}"))
+        except (OSError, ValueError) as err:
+            notes.append(f"training log {path}: {err}")
+    return out, notes
+
+
+def build_sections(rows: list[Row], tables: list[ModelTable], plot_dir: Path) -> list[TargetSection]:
+    """Per target: acceptance pictures over all rows; per hardware: speedup pictures and model tables."""
+    sections = []
+    for target, trows in group_by_target(rows).items():
+        s = TargetSection(target, trows)
+        ttables = [t for t in tables if t.target == target]
+        base = slug(target)
+        s.plots.append(plots.acceptance_by_position(trows, plot_dir / f"{base}-acceptance-by-position.png",
+                                                    f"{target}: acceptance by draft position"))
+        s.plots.append(plots.acceptance_length_vs_k(trows, ttables, plot_dir / f"{base}-acceptance-vs-k.png",
+                                                    f"{target}: acceptance length vs k"))
+        for hw in sorted({r.hardware for r in trows}):
+            hrows = [r for r in trows if r.hardware == hw]
+            htables = [t for t in ttables if t.hardware == hw]
+            pics = []
+            if any(r.speedup is not None for r in hrows):
+                pics.append(plots.speedup_per_workload(hrows, plot_dir / f"{base}-{slug(hw)}-speedup.png",
+                                                       f"{target}: speedup per workload — {hw}"))
+            if htables:
+                pics.append(plots.predicted_vs_measured(htables, plot_dir / f"{base}-{slug(hw)}-model.png",
+                                                        f"{target}: predicted vs measured speedup — {hw}"))
+            s.by_hardware[hw] = (pics, htables)
+        sections.append(s)
+    return sections
+
+
+def render_html(out: LeaderboardOutput, results: list[Result]) -> str:
+    src = H.relative_src(out.out_dir)
+    r0 = results[0]
+    parts = [f"<p class=\"meta\">{len(results)} result files, {len(out.rows)} rows; definitions "
+             f"<code>{H.e(r0.definitions)}</code>, schema_version {r0.schema_version}. Within a target and "
+             "workload rows are ordered by acceptance length (desc), then acceptance rate (desc). Speed is ranked "
+             "only within one hardware; click a header to sort (speed columns sort within hardware).</p>",
+             H.notes_box(out.skipped, "Skipped malformed result files"), H.notes_box(out.notes, "Notes")]
+    for i, s in enumerate(out.sections):
+        parts.append(f"<h2 id=\"target-{slug(s.target)}\">Target: {H.e(s.target)}</h2>")
+        parts.append(H.leaderboard_table(s.rows, src, f"lb-{i}"))
+        parts.append(H.images(s.plots, src))
+        for hw, (pics, tables) in s.by_hardware.items():
+            if not pics and not tables:
+                continue
+            parts.append(f"<h3>Speed on {H.e(hw)}</h3>" + H.images(pics, src))
+            if tables:
+                parts.append(f"<p class=\"meta\">{H.e(H.MODEL_ASSUMPTIONS)}</p>")
+                parts.extend(H.model_table_html(t) for t in tables)
+    if out.training_plots:
+        parts.append("<h2>Training curves</h2>" + H.images(out.training_plots, src))
+    return H.page("draftsmith acceptance leaderboard", "\n".join(p for p in parts if p))
+
+
+def render_markdown(out: LeaderboardOutput, results: list[Result]) -> str:
+    r0 = results[0]
+    parts = ["# draftsmith acceptance leaderboard", "",
+             f"{len(results)} result files, {len(out.rows)} rows; definitions `{r0.definitions}`, schema_version "
+             f"{r0.schema_version}. Within a target and workload: acceptance length desc, then acceptance rate desc. "
+             "Speed is ranked only within one hardware. Interactive version: [index.html](index.html).", ""]
+    for heading, items in (("Skipped malformed result files", out.skipped), ("Notes", out.notes)):
+        if items:
+            parts += [f"**{heading}:**", ""] + [f"- {M.cell(n)}" for n in items] + [""]
+    for s in out.sections:
+        parts += [f"## Target: {s.target}", "", M.leaderboard_table(s.rows, out.out_dir), ""]
+        parts += [M.image(p, out.out_dir) for p in s.plots] + [""]
+        for hw, (pics, tables) in s.by_hardware.items():
+            if not pics and not tables:
+                continue
+            parts += [f"### Speed on {hw}", ""] + [M.image(p, out.out_dir) for p in pics] + [""]
+            if tables:
+                parts += [H.MODEL_ASSUMPTIONS, ""]
+                for t in tables:
+                    parts += [M.model_table(t), ""]
+    if out.training_plots:
+        parts += ["## Training curves", ""] + [M.image(p, out.out_dir) for p in out.training_plots] + [""]
+    return "\n".join(parts)
+
+
+def build_leaderboard(paths: list[str | Path], out_dir: str | Path, training_logs: list[str] = (),
+                      k_max: int = 8) -> LeaderboardOutput:
+    """Load, merge, order, draw and write the leaderboard. Raises IncompatibleResultsError on mixed
+    definitions/schema versions and ValueError when no file was readable."""
+    results, skipped = load_results(list(paths))
+    if not results:
+        raise ValueError("no readable result files; skipped:\n  " + "\n  ".join(skipped))
+    out_dir = Path(out_dir)
+    plot_dir = out_dir / "plots"
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    rows = build_rows(results)
+    tables, notes = model_tables(rows, k_max)
+    sections = build_sections(rows, tables, plot_dir)
+    train_pics, train_notes = training_plots(results, list(training_logs), plot_dir)
+    out = LeaderboardOutput(out_dir, out_dir / "index.html", out_dir / "README.md", out_dir / "rows.json", rows,
+                            sections, train_pics, skipped, notes + train_notes)
+    out.index_html.write_text(render_html(out, results), encoding="utf-8")
+    out.readme.write_text(render_markdown(out, results), encoding="utf-8")
+    out.rows_json.write_text(json.dumps([r.to_json() for r in rows], indent=1), encoding="utf-8")
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results", nargs="+", help="result JSON files or directories of them (any machines / runs)")
+    parser.add_argument("--out", default="leaderboard", help="output directory (default: leaderboard/)")
+    parser.add_argument("--training-log", action="append", default=[], metavar="PATH",
+                        help="a training run's metrics.jsonl to plot (repeatable)")
+    parser.add_argument("--k-max", type=int, default=8, help="largest k the speedup model predicts (default 8)")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        out = build_leaderboard(args.results, args.out, args.training_log, args.k_max)
+    except (IncompatibleResultsError, ValueError, FileNotFoundError) as err:
+        print(f"draftsmith leaderboard: {err}", file=sys.stderr)
+        return 2
+    for msg in out.skipped:
+        print(f"skipped: {msg}", file=sys.stderr)
+    for msg in out.notes:
+        print(f"note: {msg}", file=sys.stderr)
+    print(f"{len(out.rows)} rows from {len({r.source for r in out.rows})} files -> {out.index_html}, {out.readme}, "
+          f"{sum(len(s.plots) + sum(len(p) for p, _t in s.by_hardware.values()) for s in out.sections) + len(out.training_plots)}"
+          " plots")
+    return 0

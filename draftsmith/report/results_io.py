@@ -1,0 +1,224 @@
+"""Load, validate and merge eval result files (docs/results-schema.md).
+
+    results, skipped = load_results(["results/", "other-machine/run.json"])
+
+Rules:
+- A file that is not a well-formed result (bad JSON, wrong "schema", a missing or mistyped key)
+  is reported by name in `skipped` and left out; the others are still read.
+- Results counted under different `definitions` or written with different `schema_version`s are
+  refused (IncompatibleResultsError), never mixed; so are versions this code does not know.
+- Merging never drops rows: every (file, workload) pair becomes a row, even when two runs share
+  the same (target, drafter, workload, k, temperature, hardware) key. Only the same file named
+  twice (same resolved path) is read once.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_NAME = "draftsmith.eval-results"
+SUPPORTED_SCHEMA_VERSIONS = (1,)
+SUPPORTED_DEFINITIONS = ("draftsmith-v1",)
+
+
+class MalformedResultError(ValueError):
+    """One result file does not follow docs/results-schema.md."""
+
+
+class IncompatibleResultsError(ValueError):
+    """Result files use different (or unknown) definitions or schema versions."""
+
+
+@dataclass
+class Result:
+    """One validated result file."""
+
+    path: Path
+    data: dict[str, Any]
+    workloads: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def schema_version(self) -> int:
+        return self.data["schema_version"]
+
+    @property
+    def definitions(self) -> str:
+        return self.data["definitions"]
+
+    @property
+    def command(self) -> str:
+        return self.data.get("command") or ""
+
+    @property
+    def k(self) -> int:
+        return int(self.data["config"]["k"])
+
+    @property
+    def temperature(self) -> float:
+        return float(self.data["config"]["temperature"])
+
+    @property
+    def target_name(self) -> str:
+        return self.data["target"]["name"]
+
+    @property
+    def drafter_kind(self) -> str:
+        return self.data["drafter"]["kind"]
+
+    @property
+    def drafter_name(self) -> str:
+        return self.data["drafter"]["name"]
+
+    @property
+    def hardware(self) -> str:
+        return hardware_label(self.data["hardware"])
+
+    @property
+    def training_log(self) -> str | None:
+        return self.data.get("training_log")
+
+
+def hardware_label(hw: dict[str, Any]) -> str:
+    """A stable name for the machine; speed is only ranked among rows with the same label."""
+    device = hw.get("device") or "unknown"
+    name = hw.get("device_name") or hw.get("cpu") or "unknown"
+    label = f"{device}: {name}"
+    if str(device).startswith("cpu") and hw.get("num_threads"):
+        label += f" ({hw['num_threads']} threads)"
+    return label
+
+
+def _get(obj: dict, dotted: str, types: tuple, where: str, optional: bool = False) -> Any:
+    """obj["a"]["b"] for dotted "a.b", type-checked; raises MalformedResultError naming the key."""
+    cur: Any = obj
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            if optional:
+                return None
+            raise MalformedResultError(f"{where}: missing key '{dotted}' (see docs/results-schema.md)")
+        cur = cur[part]
+    if cur is None and optional:
+        return None
+    if isinstance(cur, bool) and bool not in types:
+        raise MalformedResultError(f"{where}: key '{dotted}' is a bool, expected {'/'.join(t.__name__ for t in types)}")
+    if not isinstance(cur, types):
+        names = "/".join(t.__name__ for t in types)
+        raise MalformedResultError(f"{where}: key '{dotted}' is {type(cur).__name__} {cur!r:.60}, expected {names}")
+    return cur
+
+
+NUM = (int, float)
+# aggregate keys every row needs (acceptance), then keys shown when present (speed, memory).
+_REQUIRED_AGG = ("acceptance_length.mean", "acceptance_rate")
+_OPTIONAL_AGG = ("speedup.median", "speedup.p10", "speedup.p90", "spec_tokens_per_s.median",
+                 "target_tokens_per_s.median", "ttft_s.median", "tpot_s.median", "latency_s.p90",
+                 "peak_memory_mb", "costs.draft_step_s", "costs.verify_forward_s", "costs.target_step_s",
+                 "time_split.draft", "time_split.verify", "time_split.overhead")
+
+
+def validate(data: Any, where: str) -> dict[str, dict[str, Any]]:
+    """Check one parsed result against docs/results-schema.md; returns its workloads.
+
+    Raises MalformedResultError naming `where` (the file), the workload and the key.
+    """
+    if not isinstance(data, dict):
+        raise MalformedResultError(f"{where}: top level is {type(data).__name__}, expected a JSON object")
+    schema = data.get("schema")
+    if schema != SCHEMA_NAME:
+        raise MalformedResultError(f"{where}: 'schema' is {schema!r}, expected {SCHEMA_NAME!r}; "
+                                   "is this a file written by `draftsmith eval`?")
+    _get(data, "schema_version", (int,), where)
+    _get(data, "definitions", (str,), where)
+    k = _get(data, "config.k", (int,), where)
+    _get(data, "config.temperature", NUM, where)
+    for key in ("target.name", "drafter.kind", "drafter.name", "hardware.device"):
+        _get(data, key, (str,), where)
+    _get(data, "command", (str,), where, optional=True)
+    _get(data, "training_log", (str,), where, optional=True)
+    workloads = _get(data, "workloads", (dict,), where)
+    if not workloads:
+        raise MalformedResultError(f"{where}: 'workloads' is empty; a result needs at least one workload")
+    for name, wl in workloads.items():
+        at = f"{where} [workload {name!r}]"
+        agg = _get(wl if isinstance(wl, dict) else {}, "aggregate", (dict,), at)
+        for key in _REQUIRED_AGG:
+            _get(agg, key, NUM, at)
+        for key in _OPTIONAL_AGG:
+            _get(agg, key, NUM, at, optional=True)
+        ppa = _get(agg, "per_position_acceptance", (list,), at)
+        # null / NaN: a position no round reached (its conditional acceptance is undefined).
+        ok = all(a is None or (isinstance(a, NUM) and not isinstance(a, bool) and (a != a or 0.0 <= a <= 1.0))
+                 for a in ppa)
+        if len(ppa) != k or not ok:
+            raise MalformedResultError(f"{at}: 'per_position_acceptance' must hold k={k} numbers in [0, 1] "
+                                       f"(or null for unreached positions), got {ppa!r:.80}")
+    return workloads
+
+
+def load_result(path: str | Path) -> Result:
+    """Read and validate one result file; raises MalformedResultError naming the file."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        raise MalformedResultError(f"{path}: cannot read: {err}") from err
+    except json.JSONDecodeError as err:
+        raise MalformedResultError(f"{path}: not valid JSON ({err})") from err
+    workloads = validate(data, str(path))
+    return Result(path=path, data=data, workloads=workloads)
+
+
+def expand_paths(paths: list[str | Path]) -> list[Path]:
+    """Files as given; directories become their *.json files (recursively, sorted)."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        out.extend(sorted(p.rglob("*.json")) if p.is_dir() else [p])
+    return out
+
+
+def check_compatible(results: list[Result]) -> None:
+    """Refuse results counted under different definitions or schema versions (or unknown ones)."""
+    if not results:
+        return
+    groups: dict[tuple[int, str], list[str]] = {}
+    for r in results:
+        groups.setdefault((r.schema_version, r.definitions), []).append(str(r.path))
+    if len(groups) > 1:
+        lines = [f"  schema_version={v} definitions={d!r}: {', '.join(files)}" for (v, d), files in sorted(groups.items())]
+        raise IncompatibleResultsError(
+            "refusing to mix results with different definitions or schema versions:\n" + "\n".join(lines)
+            + "\nPass only files of one kind (rerun the others with the current `draftsmith eval`).")
+    (version, definitions), = groups
+    if version not in SUPPORTED_SCHEMA_VERSIONS or definitions not in SUPPORTED_DEFINITIONS:
+        raise IncompatibleResultsError(
+            f"results use schema_version={version} definitions={definitions!r}; this draftsmith reads "
+            f"schema_version in {SUPPORTED_SCHEMA_VERSIONS} with definitions in {SUPPORTED_DEFINITIONS}. "
+            "Upgrade draftsmith or rerun the eval with this version.")
+
+
+def load_results(paths: list[str | Path]) -> tuple[list[Result], list[str]]:
+    """Load many result files (or directories of them) from any number of machines or runs.
+
+    Returns (results, skipped): malformed files are skipped and described in `skipped`, one
+    message per file naming it. Raises IncompatibleResultsError when the readable files mix
+    definitions or schema versions, and FileNotFoundError when no path was given at all.
+    """
+    files = expand_paths(paths)
+    if not files:
+        raise FileNotFoundError(f"no result files found in {[str(p) for p in paths]}")
+    results: list[Result] = []
+    skipped: list[str] = []
+    seen: set[Path] = set()
+    for f in files:
+        key = f.resolve()
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            results.append(load_result(f))
+        except MalformedResultError as err:
+            skipped.append(str(err))
+    check_compatible(results)
+    return results, skipped

@@ -1,0 +1,101 @@
+"""The training loop: parameters change and the target does not, resume reproduces the
+uninterrupted losses, checkpoints are atomic and reload into a working drafter."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from draftsmith import config
+from draftsmith.testing import tiny_target
+from draftsmith.train import checkpoint
+from draftsmith.train.loop import Trainer, train
+
+
+@pytest.fixture
+def tiny_run(tmp_path):
+    """A tiny target saved to disk and a small conversation file; returns a recipe factory."""
+    target = tiny_target(num_layers=4, hidden=32)
+    target_dir = tmp_path / "target"
+    target.model.save_pretrained(target_dir)
+    target.tokenizer.save_pretrained(target_dir)
+    rows = [{"conversations": [{"from": "human", "value": f"question {i} about {'abc' * (i % 5)}"},
+                               {"from": "gpt", "value": f"answer number {i}: " + "xyz " * (3 + i % 7)}]}
+            for i in range(24)]
+    data = tmp_path / "chat.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+    def recipe(out: str, *overrides: str):
+        raw = {"target": {"path": str(target_dir)}, "data": {"path": [str(data)], "max_length": 64, "eval_samples": 4},
+               "drafter": {"kind": "eagle3", "ttt_steps": 3, "draft_vocab_size": 120},
+               "train": {"output_dir": str(tmp_path / out), "max_steps": 6, "batch_size": 4, "lr": 3e-3,
+                         "warmup_steps": 2, "log_every": 1},
+               "logging": {"progress_bar": False}}
+        return config.from_dict(raw, overrides=list(overrides))
+
+    return recipe
+
+
+def test_drafter_learns_and_target_stays_bit_identical(tiny_run):
+    cfg = tiny_run("a")
+    trainer = Trainer(cfg)
+    target_before = {k: v.clone() for k, v in trainer.target.model.state_dict().items()}
+    drafter_before = {k: v.clone() for k, v in trainer.drafter.state_dict().items()}
+    result = trainer.run()
+    changed = [k for k, v in trainer.drafter.state_dict().items() if not torch.equal(v, drafter_before[k])]
+    assert {"fc.weight", "midlayer.self_attn.q_proj.weight", "lm_head.weight"} <= set(changed)
+    assert all(torch.equal(v, target_before[k]) for k, v in trainer.target.model.state_dict().items())
+    assert len(result.losses) == 6 and all(torch.isfinite(torch.tensor(result.losses)))
+    assert result.losses[-1] < result.losses[0]
+    assert {"acc_0", "acc_1", "acc_2", "lr", "grad_norm", "tokens_per_s", "target_share"} <= set(result.last_metrics)
+
+
+def test_resume_reproduces_uninterrupted_losses(tiny_run):
+    full = train(tiny_run("full"))
+    cfg = tiny_run("interrupted", "train.save_every=2")
+    partial = train(cfg, stop_after=3)  # "crash" after step 3; the newest checkpoint is step 2
+    assert checkpoint.latest(cfg.train.output_dir).name == "step_0000002"
+    resumed = train(tiny_run("interrupted", "train.save_every=2", "train.resume=true"))
+    assert partial.losses[:3] == pytest.approx(full.losses[:3], abs=1e-6)
+    assert resumed.losses == pytest.approx(full.losses, abs=1e-6)
+
+
+def test_checkpoint_reloads_and_rotation(tiny_run):
+    cfg = tiny_run("rot", "train.save_every=1", "train.keep_last=2")
+    trainer = Trainer(cfg)
+    result = trainer.run()
+    steps = [p.name for p in checkpoint.step_dirs(cfg.train.output_dir)]
+    assert steps == ["step_0000004", "step_0000005"]
+    loaded = checkpoint.load_drafter(result.final_checkpoint)
+    for key, value in trainer.drafter.state_dict().items():
+        assert torch.equal(loaded.drafter.state_dict()[key], value), key
+    assert config.to_dict(loaded.config) == config.to_dict(cfg)
+    assert loaded.meta["feature_layers"] == trainer.drafter.feature_layers()
+
+
+def test_crash_mid_write_keeps_previous_checkpoint(tiny_run, monkeypatch):
+    cfg = tiny_run("crash", "train.max_steps=2")
+    trainer = Trainer(cfg)
+    trainer.run()
+    final = trainer.output_dir / "final"
+    before = (final / "drafter.safetensors").read_bytes()
+
+    def torn_save(tensors, path):
+        with open(path, "wb") as f:
+            f.write(b"half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint, "save_file", torn_save)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.save(final, trainer.drafter, trainer.target, cfg, step=99)
+    assert (final / "drafter.safetensors").read_bytes() == before
+    assert [p.name for p in trainer.output_dir.iterdir() if ".tmp-" in p.name] == []
+    assert checkpoint.load_drafter(final).meta["step"] == 2
+
+
+def test_checkpoint_for_another_target_is_refused(tiny_run):
+    cfg = tiny_run("other", "train.max_steps=1")
+    result = train(cfg)
+    with pytest.raises(ValueError, match="was trained for target .* fingerprint"):
+        checkpoint.load_drafter(result.final_checkpoint, target=tiny_target(num_layers=4, hidden=32, seed=1))
