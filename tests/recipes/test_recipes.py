@@ -50,7 +50,7 @@ def test_debug_recipe_trains_a_few_steps(recipe, tmp_path, monkeypatch):
 
         shared_path("models", "stories260K-hf")
     overrides = ["train.max_steps=2", "train.batch_size=2", "train.eval_every=0", f"train.output_dir={tmp_path}/run",
-                 "data.max_samples=16", "logging.progress_bar=false"]
+                 "data.max_samples=16", "data.eval_samples=2", "logging.progress_bar=false"]
     if cfg.regenerate.output:
         overrides += [f"regenerate.output={tmp_path}/regen.jsonl", "regenerate.limit=6", "regenerate.max_new_tokens=16"]
     result = train(config.load(recipe, overrides))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import STORIES, shared_path
+from tests.conftest import STORIES, shared_path
 
 from draftsmith.data import chat
 from draftsmith.testing import TINY_CHAT_TEMPLATE, byte_tokenizer
