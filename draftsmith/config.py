@@ -114,6 +114,9 @@ class TrainConfig:
     init_from: Optional[str] = None
     backend: Literal["single", "ddp", "fsdp2", "deepspeed"] = "single"
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    # The frozen target: a full copy on every rank, or its decoder layers sharded with FSDP2
+    # (for targets too large for one device; needs a multi-process backend).
+    target_sharding: Literal["replicate", "fsdp2"] = "replicate"
     num_workers: int = 0
 
 
@@ -335,6 +338,8 @@ def _semantic_checks(cfg: RecipeConfig) -> list[str]:
         problems.append("train.grad_accum: must be >= 1")
     if t.max_steps is not None and t.max_steps < 1:
         problems.append("train.max_steps: must be >= 1 (or null to train for train.epochs)")
+    if t.target_sharding == "fsdp2" and t.backend == "single":
+        problems.append("train.target_sharding: fsdp2 needs train.backend ddp, fsdp2 or deepspeed (launched with --nproc)")
     if cfg.features.mode == "offline" and not cfg.features.cache_dir:
         problems.append("features.cache_dir: required when features.mode is offline")
     if cfg.data.max_length < 8:

@@ -113,6 +113,8 @@ class Trainer:
         self.ctx = parallel.setup(tc, device)
         seed_everything(tc.seed)
         self.target = target or target_mod.from_config(cfg.target)
+        if tc.target_sharding == "fsdp2":
+            parallel.shard_target(self.ctx, self.target)
         drafter_cls = DRAFTERS.get(cfg.drafter.kind)
         options = config_mod.drafter_options(cfg)
         self.train_set, self.heldout, counts = load_data(cfg, self.target, drafter_cls, options, self.ctx)
