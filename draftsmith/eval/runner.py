@@ -1,0 +1,99 @@
+"""Run a proposer on workloads: every prompt once target-only (k = 0) and once speculative,
+interleaved (the order alternates per prompt so that drift favours neither), after warm-up;
+greedy outputs compared for --check-lossless.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from draftsmith.eval import metrics, workloads
+from draftsmith.eval.loop import Generation, LoopConfig, generate
+from draftsmith.eval.sampling import SamplingParams
+
+
+@dataclass
+class EvalSettings:
+    k: int = 5
+    max_new_tokens: int = 128
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    num_prompts: Optional[int] = 10  # per workload; None: all
+    warmup: int = 1  # prompts run untimed (both modes) before each workload
+    seed: int = 0
+    prompt_format: str = "auto"
+    data_dir: Optional[Path] = None
+    check_lossless: bool = False
+    eos_ids: Optional[list[int]] = None
+
+
+def first_difference(a: list[int], b: list[int]) -> Optional[int]:
+    """First position where two token lists differ (the shorter length if one is a prefix); None if equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _run(target, proposer, ids: torch.Tensor, k: int, s: EvalSettings, sampling: SamplingParams,
+         seed: int) -> Generation:
+    gen = torch.Generator(device=target.device).manual_seed(seed)
+    cfg = LoopConfig(k=k, max_new_tokens=s.max_new_tokens, sampling=sampling, eos_ids=s.eos_ids)
+    return generate(target, proposer if k else None, ids, cfg, gen)
+
+
+def _lossless(target, proposer, item_id: str, ids, spec: Generation, base: Generation, s: EvalSettings,
+              seed: int) -> Optional[dict]:
+    """None if greedy speculative output equals greedy target-only output, else the mismatch."""
+    if not s.sampling.greedy:  # the check is greedy: run both again with temperature 0
+        greedy = SamplingParams()
+        spec, base = _run(target, proposer, ids, s.k, s, greedy, seed), _run(target, None, ids, 0, s, greedy, seed)
+    pos = first_difference(spec.tokens, base.tokens)
+    if pos is None:
+        return None
+    spec_tok = spec.tokens[pos] if pos < len(spec.tokens) else None  # None: that output ended earlier
+    base_tok = base.tokens[pos] if pos < len(base.tokens) else None
+    return {"id": item_id, "position": pos, "spec_token": spec_tok, "target_token": base_tok}
+
+
+def run_workload(target, proposer, name: str, s: EvalSettings, log: Callable[[str], None] = print) -> dict:
+    """One workload -> its results section (docs/results-schema.md)."""
+    items = workloads.load(name, s.data_dir, s.num_prompts)
+    if not items:
+        raise ValueError(f"workload {name!r} has no prompts")
+    limit = getattr(target.config, "max_position_embeddings", None)
+    max_prompt = None if limit is None else limit - s.max_new_tokens
+    if max_prompt is not None and max_prompt < 1:
+        raise ValueError(f"--max-new-tokens {s.max_new_tokens} leaves no room for a prompt in {limit} positions")
+    encoded = [(item, *workloads.encode(item, target.tokenizer, s.prompt_format, max_prompt)) for item in items]
+    for _item, ids, _ in encoded[: s.warmup]:
+        _run(target, proposer, ids, 0, s, s.sampling, s.seed)
+        _run(target, proposer, ids, s.k, s, s.sampling, s.seed)
+    requests, mismatches = [], []
+    for i, (item, ids, truncated) in enumerate(encoded):
+        seed = s.seed + i
+        if i % 2 == 0:
+            base = _run(target, proposer, ids, 0, s, s.sampling, seed)
+            spec = _run(target, proposer, ids, s.k, s, s.sampling, seed)
+        else:
+            spec = _run(target, proposer, ids, s.k, s, s.sampling, seed)
+            base = _run(target, proposer, ids, 0, s, s.sampling, seed)
+        req = {"id": item["id"], **metrics.request_metrics(spec, base, s.k), "prompt_truncated": truncated}
+        if s.check_lossless:
+            mismatch = _lossless(target, proposer, item["id"], ids, spec, base, s, seed)
+            req["lossless"] = mismatch is None
+            if mismatch:
+                mismatches.append(mismatch)
+                log(f"  LOSSLESS MISMATCH {name} {item['id']}: first difference at new token {mismatch['position']} "
+                    f"(speculative {mismatch['spec_token']}, target-only {mismatch['target_token']})")
+        else:
+            req["lossless"] = None
+        requests.append(req)
+    aggregate = metrics.aggregate(requests, s.k)
+    aggregate["peak_memory_mb"], aggregate["peak_memory_source"] = metrics.peak_memory_mb(target.device)
+    for req in requests:
+        req.pop("_costs")
+    return {"num_requests": len(requests), "num_truncated_prompts": sum(r["prompt_truncated"] for r in requests),
+            "aggregate": aggregate, "lossless_mismatches": mismatches, "requests": requests}

@@ -1,0 +1,192 @@
+"""Evaluation workloads: named prompt sets read from a data directory (never downloaded).
+
+Each loader returns items {"id": str, "prompt": str} (optionally "messages": [...] and
+"category"). Multi-turn sources (Spec-Bench's MT-bench part, MT-bench) use their FIRST turn only:
+the loop evaluates single requests, and a second turn would need the model's own first answer.
+
+    spec_bench            the six Spec-Bench tasks, reported separately as spec_bench/<task>:
+                          mt_bench (its 8 MT-bench categories), translation, summarization,
+                          qa, math_reasoning, rag                 <data>/spec_bench/question.jsonl
+    mt_bench              80 MT-bench questions                   <data>/mt_bench/question.jsonl
+    humaneval             164 code prompts                        <data>/humaneval/HumanEval.jsonl.gz
+    gsm8k                 1,319 grade-school math questions       <data>/gsm8k/test.jsonl
+    alpaca                instruction (+ input)                   <data>/alpaca/alpaca_en_demo.json
+    pycode                held-out Python stdlib prefixes (draftsmith.data.stdlib_corpus), no data dir
+    jsonl:PATH            one JSON object a line with "prompt" (or "messages", or "turns"), optional "id"
+
+The data directory defaults to ../shared/data next to the repository (DRAFTSMITH_DATA overrides;
+`draftsmith eval --data-dir` overrides both).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from draftsmith.registry import Registry
+
+WORKLOADS: Registry[Callable[[Path], list[dict]]] = Registry("workload")
+SPEC_BENCH_TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+MT_BENCH_CATEGORIES = frozenset({"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
+                                 "humanities"})
+GROUPS = {"spec_bench": [f"spec_bench/{t}" for t in SPEC_BENCH_TASKS]}
+PROMPT_FORMATS = ("auto", "chat", "plain", "raw")
+
+
+def default_data_dir() -> Path:
+    env = os.environ.get("DRAFTSMITH_DATA")
+    return Path(env) if env else Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+def _need(path: Path) -> Path:
+    if not path.exists():
+        raise FileNotFoundError(f"workload file {path} is missing; pass --data-dir DIR (the directory holding "
+                                "spec_bench/, mt_bench/, humaneval/, gsm8k/, alpaca/) or set DRAFTSMITH_DATA")
+    return path
+
+
+def _jsonl(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(_need(path), "rt", encoding="utf-8") as f:
+        rows = []
+        for line_no, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg})") from e
+        return rows
+
+
+def _spec_bench_task(category: str) -> str:
+    return "mt_bench" if category in MT_BENCH_CATEGORIES else category
+
+
+def _spec_bench(task: str) -> Callable[[Path], list[dict]]:
+    def load(data_dir: Path) -> list[dict]:
+        rows = _jsonl(data_dir / "spec_bench" / "question.jsonl")
+        return [{"id": f"spec_bench-{r['question_id']}", "prompt": r["turns"][0], "category": r["category"]}
+                for r in rows if _spec_bench_task(r["category"]) == task]
+
+    return load
+
+
+for _task in SPEC_BENCH_TASKS:
+    WORKLOADS.register(f"spec_bench/{_task}")(_spec_bench(_task))
+
+
+@WORKLOADS.register("mt_bench")
+def _mt_bench(data_dir: Path) -> list[dict]:
+    rows = _jsonl(data_dir / "mt_bench" / "question.jsonl")
+    return [{"id": f"mt_bench-{r['question_id']}", "prompt": r["turns"][0], "category": r["category"]} for r in rows]
+
+
+@WORKLOADS.register("humaneval")
+def _humaneval(data_dir: Path) -> list[dict]:
+    return [{"id": r["task_id"], "prompt": r["prompt"]} for r in _jsonl(data_dir / "humaneval" / "HumanEval.jsonl.gz")]
+
+
+@WORKLOADS.register("gsm8k")
+def _gsm8k(data_dir: Path) -> list[dict]:
+    return [{"id": f"gsm8k-{i}", "prompt": r["question"]} for i, r in enumerate(_jsonl(data_dir / "gsm8k" / "test.jsonl"))]
+
+
+@WORKLOADS.register("alpaca")
+def _alpaca(data_dir: Path) -> list[dict]:
+    path = _need(data_dir / "alpaca" / "alpaca_en_demo.json")
+    rows = json.loads(path.read_text(encoding="utf-8"))
+    return [{"id": f"alpaca-{i}", "prompt": r["instruction"] + (f"\n\n{r['input']}" if r.get("input") else "")}
+            for i, r in enumerate(rows)]
+
+
+@WORKLOADS.register("pycode")
+def _pycode(data_dir: Path, n: int = 20) -> list[dict]:
+    from draftsmith.data import stdlib_corpus  # lazy: only this workload needs the stdlib scan
+
+    return [{"id": f"pycode-{p['id']}", "prompt": p["prompt"]} for p in stdlib_corpus.prompts("heldout", n=n)]
+
+
+def _user_jsonl(path: Path) -> list[dict]:
+    items = []
+    for i, r in enumerate(_jsonl(path)):
+        item = {"id": str(r.get("id", r.get("question_id", f"row-{i}")))}
+        if isinstance(r.get("prompt"), str):
+            item["prompt"] = r["prompt"]
+        elif isinstance(r.get("messages"), list) and r["messages"]:
+            item["messages"] = r["messages"]
+            item["prompt"] = r["messages"][-1]["content"]
+        elif isinstance(r.get("turns"), list) and r["turns"]:
+            item["prompt"] = r["turns"][0]
+        else:
+            raise ValueError(f"{path} row {i + 1}: needs a string 'prompt', a 'messages' list or a 'turns' list")
+        items.append(item)
+    return items
+
+
+def expand(names: list[str]) -> list[str]:
+    """Workload names with groups (spec_bench) expanded; unknown names fail with a suggestion."""
+    out: list[str] = []
+    for name in names:
+        for concrete in GROUPS.get(name, [name]):
+            if not concrete.startswith("jsonl:"):
+                WORKLOADS.get(concrete)  # raises "unknown workload ... did you mean"
+            if concrete not in out:
+                out.append(concrete)
+    return out
+
+
+def select(items: list[dict], n: int | None) -> list[dict]:
+    """The first n items, taken round-robin over categories when items have one (so that 8
+    MT-bench prompts are one per category, not 8 writing prompts)."""
+    if n is None or n >= len(items):
+        return items
+    by_cat: dict[str, list[dict]] = defaultdict(list)
+    for item in items:
+        by_cat[item.get("category", "")].append(item)
+    queues, out = list(by_cat.values()), []
+    for i in range(max(len(q) for q in queues)):
+        out.extend(q[i] for q in queues if i < len(q))
+    return out[:n]
+
+
+def load(name: str, data_dir: Path | str | None = None, num_prompts: int | None = None) -> list[dict]:
+    """The prompts of one concrete workload (see `expand` for groups)."""
+    if name.startswith("jsonl:"):
+        return select(_user_jsonl(Path(name.split(":", 1)[1])), num_prompts)
+    data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+    if name == "pycode":
+        return _pycode(data_dir, n=num_prompts or 20)
+    return select(WORKLOADS.get(name)(data_dir), num_prompts)
+
+
+def encode(item: dict, tokenizer, prompt_format: str = "auto", max_tokens: int | None = None) -> tuple[torch.Tensor, bool]:
+    """item -> ([n] prompt ids, truncated?).
+
+    auto: the tokenizer's chat template when it has one (a chat target), else the raw text
+    with the tokenizer's special tokens (a base target). plain: draftsmith's plain chat format
+    (data/chat.py, what a base target's drafter was trained on). Prompts longer than
+    max_tokens keep their LAST max_tokens tokens (the end is what the model continues).
+    """
+    from draftsmith.data import chat
+
+    if prompt_format not in PROMPT_FORMATS:
+        raise ValueError(f"prompt format {prompt_format!r} is not one of {PROMPT_FORMATS}")
+    messages = item.get("messages") or [{"role": "user", "content": item["prompt"]}]
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if prompt_format == "chat" and not has_template:
+        raise ValueError("--prompt-format chat needs a tokenizer with a chat template; use auto, plain or raw")
+    if prompt_format == "chat" or (prompt_format == "auto" and has_template):
+        ids = chat.encode_prompt(tokenizer, messages, "auto")
+    elif prompt_format == "plain":
+        ids = chat.encode_prompt(tokenizer, messages, "plain")
+    else:
+        ids = list(tokenizer(item["prompt"], verbose=False)["input_ids"])
+    truncated = max_tokens is not None and len(ids) > max_tokens
+    if truncated:
+        ids = ids[-max_tokens:]
+    return torch.tensor(ids, dtype=torch.long), truncated
