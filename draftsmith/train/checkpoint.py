@@ -24,7 +24,8 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
-from draftsmith import __version__, config as config_mod
+from draftsmith import __version__
+from draftsmith import config as config_mod
 
 STEP_PREFIX = "step_"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.conftest import STORIES, shared_path
 
 from draftsmith.data import chat
 from draftsmith.testing import TINY_CHAT_TEMPLATE, byte_tokenizer
+from tests.conftest import STORIES, shared_path
 
 CONV = [
     {"role": "system", "content": "You are terse."},
