@@ -2,8 +2,6 @@
 uninterrupted losses, checkpoints are atomic and reload into a working drafter."""
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -11,30 +9,6 @@ from draftsmith import config
 from draftsmith.testing import tiny_target
 from draftsmith.train import checkpoint
 from draftsmith.train.loop import Trainer, train
-
-
-@pytest.fixture
-def tiny_run(tmp_path):
-    """A tiny target saved to disk and a small conversation file; returns a recipe factory."""
-    target = tiny_target(num_layers=4, hidden=32)
-    target_dir = tmp_path / "target"
-    target.model.save_pretrained(target_dir)
-    target.tokenizer.save_pretrained(target_dir)
-    rows = [{"conversations": [{"from": "human", "value": f"question {i} about {'abc' * (i % 5)}"},
-                               {"from": "gpt", "value": f"answer number {i}: " + "xyz " * (3 + i % 7)}]}
-            for i in range(24)]
-    data = tmp_path / "chat.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-
-    def recipe(out: str, *overrides: str):
-        raw = {"target": {"path": str(target_dir)}, "data": {"path": [str(data)], "max_length": 64, "eval_samples": 4},
-               "drafter": {"kind": "eagle3", "ttt_steps": 3, "draft_vocab_size": 120},
-               "train": {"output_dir": str(tmp_path / out), "max_steps": 6, "batch_size": 4, "lr": 3e-3,
-                         "warmup_steps": 2, "log_every": 1},
-               "logging": {"progress_bar": False}}
-        return config.from_dict(raw, overrides=list(overrides))
-
-    return recipe
 
 
 def test_drafter_learns_and_target_stays_bit_identical(tiny_run):
