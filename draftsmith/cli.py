@@ -46,7 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     only = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     parser = build_parser(only)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # key=value overrides may also follow the flags: `train R --print-config k=v`
+        if not hasattr(args, "overrides") or any(e.startswith("-") or "=" not in e for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = list(args.overrides) + extra
     if not getattr(args, "_module", None):
         parser.print_help()
         return 0 if not argv else 2

@@ -13,12 +13,18 @@ EAGLE-3 (speculators 0.9.0 Eagle3SpeculatorConfig; vLLM's transformers_utils/con
 Medusa (vllm/model_executor/models/medusa.py): model_type "medusa", num_heads, num_hidden_layers,
   hidden_size, vocab_size, truncated_vocab_size, medusa_fc_bias true (without it vLLM builds the blocks
   bias-free and drops the trained biases silently); tensors blocks.{i}.layers.{j}.weight/.bias, lm_heads.{i}.weight.
+  No num_lookahead_tokens key: vLLM's MedusaConfig maps it onto num_heads, and vLLM sets it to
+  num_speculative_tokens, so K must be <= num_heads (more would build heads that no tensor fills).
+  Medusa-2 (lora: true): the heads go to model.safetensors, the peft adapter to adapter/; the heads read
+  the ADAPTED target's states, so the verifier must be served with the adapter merged (serve command says how).
 MLP speculator (vllm/model_executor/models/mlp_speculator.py): model_type "mlp_speculator", emb_dim,
   inner_dim, n_predict, top_k_tokens_per_head, n_candidates, tie_weights, scale_input; tensors emb.{i},
-  proj.{i}, head.{i}, ln.{i} (a tied model stores emb.0, proj.0, proj.1, head.0, ln.0).
+  proj.{i}, head.{i}, ln.{i} (a tied model stores emb.0, proj.0, proj.1, head.0, ln.0). vLLM builds
+  num_lookahead_tokens (= num_speculative_tokens) stages, so K must be <= n_predict.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from pathlib import Path
@@ -50,6 +56,22 @@ from draftsmith.export.sglang import LLAMA_KEYS
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose loader this format is tested against
 METHODS = {"eagle3": "eagle3", "medusa": "medusa", "mlp_speculator": "mlp_speculator"}
+ADAPTER_DIR = "adapter"  # Medusa-2: the peft adapter the verifier must be served merged with
+
+
+def is_medusa2(drafter) -> bool:
+    return drafter.kind == "medusa" and bool(drafter.cfg.lora)
+
+
+def check_k(drafter, k: int) -> None:
+    """vLLM builds K = num_speculative_tokens Medusa heads / MLP stages: more than were trained would
+    run heads that no tensor fills."""
+    n = {"medusa": lambda: drafter.cfg.num_heads, "mlp_speculator": lambda: drafter.cfg.n_predict}.get(drafter.kind)
+    if n is not None and k > n():
+        what = "num_heads" if drafter.kind == "medusa" else "n_predict"
+        raise ValueError(f"--num-speculative-tokens {k} exceeds the {drafter.kind} drafter's {what} = {n()}: vLLM would "
+                         f"build {k} heads and leave {k - n()} of them uninitialised; pass --num-speculative-tokens <= "
+                         f"{n()} or retrain with more (drafter.{what})")
 
 
 @EXPORTERS.register("vllm")
@@ -63,14 +85,19 @@ class VLLMExporter(Exporter):
         kind = loaded.drafter.kind
         dtype = export_dtype(loaded, opts)
         k = num_tokens(loaded, opts, self._default_k(loaded.drafter))
+        check_k(loaded.drafter, k)
+        writer, extra = None, {"num_speculative_tokens": k}
         if kind == "eagle3":
             config, tensors = self._eagle3(loaded, dtype, k, opts)
         elif kind == "medusa":
             config, tensors = self._medusa(loaded, dtype, k)
+            if is_medusa2(loaded.drafter):
+                writer = lambda directory: loaded.drafter.save_adapter(directory / ADAPTER_DIR)  # noqa: E731
+                extra.update(adapter=ADAPTER_DIR, serve_requires_merged_adapter=True)
         else:
             config, tensors = self._mlp(loaded, dtype, k)
-        side = sidecar(loaded, self.name, self.engine, opts, {"num_speculative_tokens": k})
-        return ExportFiles(config=config, tensors=tensors, sidecar=side)
+        side = sidecar(loaded, self.name, self.engine, opts, extra)
+        return ExportFiles(config=config, tensors=tensors, sidecar=side, writer=writer)
 
     @staticmethod
     def _default_k(drafter) -> int:
@@ -122,7 +149,6 @@ class VLLMExporter(Exporter):
             "original_lm_head": False,
             "max_paths": 64,
             "topk": 10,
-            "num_lookahead_tokens": k,
             "torch_dtype": dtype_name(dtype),
             "dtype": dtype_name(dtype),
         }
@@ -187,8 +213,10 @@ class VLLMExporter(Exporter):
         return config.get("transformer_layer_config") if "speculators_model_type" in config else None
 
     def check_format(self, export_dir: Path, config: dict, tensors: dict, loaded) -> list[str]:
-        if loaded.drafter.kind != "eagle3":
-            return []
+        if loaded.drafter.kind == "medusa":
+            return check_medusa(export_dir, config, loaded)
+        if loaded.drafter.kind == "mlp_speculator":
+            return check_mlp(config, loaded)
         problems = []
         if config["architectures"] != ["Eagle3Speculator"] or config["speculators_model_type"] != "eagle3":
             problems.append("config.json: needs architectures ['Eagle3Speculator'] and speculators_model_type 'eagle3'")
@@ -225,7 +253,16 @@ class VLLMExporter(Exporter):
     def serve_command(self, out_dir: Path, loaded, opts: ExportOptions) -> str:
         k = num_tokens(loaded, opts, self._default_k(loaded.drafter))
         spec = json.dumps({"model": str(out_dir), "num_speculative_tokens": k, "method": METHODS[loaded.drafter.kind]})
-        return f"vllm serve {shlex.quote(verifier_name(loaded, opts))} --speculative-config {shlex.quote(spec)}"
+        verifier = verifier_name(loaded, opts)
+        if not is_medusa2(loaded.drafter):
+            return f"vllm serve {shlex.quote(verifier)} --speculative-config {shlex.quote(spec)}"
+        merged = str(out_dir.parent / f"{out_dir.name}-verifier-merged")
+        merge = (f"from peft import PeftModel; from transformers import AutoModelForCausalLM as M, AutoTokenizer as T; "
+                 f"PeftModel.from_pretrained(M.from_pretrained({verifier!r}), {str(out_dir / ADAPTER_DIR)!r})"
+                 f".merge_and_unload().save_pretrained({merged!r}); T.from_pretrained({verifier!r}).save_pretrained({merged!r})")
+        return (f"# Medusa-2: the heads read the ADAPTED target's states: serve the verifier with {ADAPTER_DIR}/ merged\n"
+                f"python -c {shlex.quote(merge)}\n"
+                f"vllm serve {shlex.quote(merged)} --speculative-config {shlex.quote(spec)}")
 
 
 def mlp_tensor_spec(config: dict, dtype: torch.dtype) -> dict[str, TensorSpec]:
@@ -245,12 +282,86 @@ def mlp_tensor_spec(config: dict, dtype: torch.dtype) -> dict[str, TensorSpec]:
 
 
 def load_plain(tensors: dict[str, torch.Tensor], loaded, source: str):
-    """A fresh drafter of the checkpoint's kind holding `tensors` (its own state_dict names), strictly."""
+    """A fresh drafter of the checkpoint's kind holding `tensors` (its own state_dict names), strictly.
+    Medusa-2 heads are rebuilt without their adapter (it is exported and checked separately)."""
     from draftsmith.heads import DRAFTERS
 
     options = config_mod.drafter_options(loaded.config)
+    if is_medusa2(loaded.drafter):
+        options = dataclasses.replace(options, lora=False)
     drafter = DRAFTERS.get(loaded.drafter.kind).from_target(options, loaded.target, None)  # upcasts on load
     missing, unexpected = drafter.load_state_dict(tensors, strict=False)
     if missing or unexpected:
         raise ValueError(f"{source}: re-import failed: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
     return drafter.eval()
+
+
+def _mismatches(config: dict, want: dict) -> list[str]:
+    return [f"config.json: {key} is {config.get(key)!r}, expected {value!r}"
+            for key, value in want.items() if config.get(key) != value]
+
+
+def check_medusa(export_dir: Path, config: dict, loaded) -> list[str]:
+    """Medusa config.json against the trained heads and vLLM's MedusaConfig; the Medusa-2 adapter."""
+    d, target = loaded.drafter, loaded.target
+    problems = _mismatches(config, {
+        "architectures": ["MedusaModel"], "model_type": "medusa", "num_heads": d.cfg.num_heads,
+        "num_hidden_layers": d.cfg.num_layers, "hidden_size": target.hidden_size, "vocab_size": target.vocab_size,
+        # no token_map is exported: a smaller truncated_vocab_size would make vLLM's loader assert
+        "truncated_vocab_size": target.vocab_size,
+    })
+    if d.cfg.num_layers > 0 and config.get("medusa_fc_bias") is not True:
+        problems.append("config.json: medusa_fc_bias must be true: draftsmith's residual blocks have biases, and vLLM "
+                        "builds bias-free blocks (dropping them) without it")
+    if config.get("original_lm_head"):
+        problems.append("config.json: original_lm_head must be false: each trained head has its own lm_heads.{i}")
+    if "num_lookahead_tokens" in config and config["num_lookahead_tokens"] != d.cfg.num_heads:
+        problems.append(f"config.json: num_lookahead_tokens {config['num_lookahead_tokens']} would reset vLLM's "
+                        f"num_heads (MedusaConfig maps one onto the other); drop it or set it to {d.cfg.num_heads}")
+    if is_medusa2(d):
+        problems += check_medusa2_adapter(Path(export_dir), loaded)
+    return problems
+
+
+@torch.no_grad()
+def check_medusa2_adapter(export_dir: Path, loaded) -> list[str]:
+    """adapter/ must be a peft adapter that, applied to the target, computes what the drafter's adapted
+    target computed in training (the states the heads were trained on)."""
+    from peft import PeftModel
+
+    from draftsmith.heads.medusa import shared_weight_copy
+
+    adapter = export_dir / ADAPTER_DIR
+    if not (adapter / "adapter_config.json").exists():
+        return [f"{adapter}: no peft adapter (adapter_config.json); a Medusa-2 export needs the LoRA adapter its "
+                "heads were trained with (MedusaDrafter.save_adapter)"]
+    try:
+        model = PeftModel.from_pretrained(shared_weight_copy(loaded.target.model), str(adapter)).eval()
+    except (ValueError, KeyError, RuntimeError, OSError) as exc:
+        return [f"{adapter}: peft cannot load the adapter onto the target ({exc})"]
+    ids = torch.arange(3, 3 + 12, device=loaded.target.device).remainder(loaded.target.vocab_size)[None]  # [1, 12]
+    want = loaded.drafter.adapted[0](input_ids=ids).logits
+    got = model(input_ids=ids).logits
+    if not torch.allclose(got.float(), want.float(), rtol=1e-4, atol=1e-5):
+        err = float((got.float() - want.float()).abs().max())
+        return [f"{adapter}: the adapter applied to the target gives logits up to {err:.3g} away from the trained "
+                "Medusa-2 adapter's; it is not the adapter these heads were trained with"]
+    return []
+
+
+def check_mlp(config: dict, loaded) -> list[str]:
+    """MLP speculator config.json against the trained stages and vLLM's MLPSpeculatorConfig."""
+    d, target = loaded.drafter, loaded.target
+    c = d.cfg
+    problems = _mismatches(config, {
+        "architectures": ["MLPSpeculatorPreTrainedModel"], "model_type": "mlp_speculator",
+        "vocab_size": target.vocab_size, "emb_dim": target.hidden_size, "inner_dim": d.inner_dim,
+        "n_predict": c.n_predict, "tie_weights": c.tie_weights, "scale_input": c.scale_input,
+    })
+    if len(config.get("top_k_tokens_per_head") or []) != c.n_predict:
+        problems.append(f"config.json: top_k_tokens_per_head {config.get('top_k_tokens_per_head')} needs one entry per "
+                        f"stage ({c.n_predict}): vLLM's MLPSpeculatorConfig asserts it")
+    if config.get("num_lookahead_tokens", c.n_predict) != c.n_predict:
+        problems.append(f"config.json: num_lookahead_tokens {config['num_lookahead_tokens']} != n_predict {c.n_predict} "
+                        "(vLLM builds that many stages)")
+    return problems

@@ -56,3 +56,10 @@ def test_debug_recipe_trains_a_few_steps(recipe, tmp_path, monkeypatch):
     result = train(config.load(recipe, overrides))
     assert result.steps == 2 and (result.final_checkpoint / "drafter.safetensors").exists()
     assert all(loss == loss for loss in result.losses)  # finite, not NaN
+
+
+def test_overrides_may_follow_flags(capsys):
+    assert cli_main(["train", str(REPO / "recipes" / "quickstart.yaml"), "--print-config", "train.max_steps=7"]) == 0
+    assert "max_steps: 7" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli_main(["train", str(REPO / "recipes" / "quickstart.yaml"), "--print-config", "--bogus"])
