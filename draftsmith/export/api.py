@@ -43,6 +43,8 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
 
     exporter = EXPORTERS.get(to)()
     opts = options or ExportOptions()
+    if opts.max_model_len is not None and to != "hf":
+        raise ValueError(f"--max-model-len applies to --to hf (a draft LM with a shorter context), not --to {to}")
     loaded = loaded if loaded is not None else load_drafter(checkpoint)
     kind = loaded.drafter.kind
     if kind not in exporter.kinds:

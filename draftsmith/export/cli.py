@@ -21,6 +21,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--num-speculative-tokens", type=int, default=None,
                         help="draft tokens per round in the serving config (default: the drafter's)")
     parser.add_argument("--verifier", default=None, help="the verifier as the engine loads it (default: recipe target.path)")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="hf: a draft LM with fewer positions than the target is served with requests limited to this")
     parser.add_argument("--no-validate", action="store_true", help="skip the validation gate (not recommended)")
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
 
@@ -28,7 +30,8 @@ def add_arguments(parser) -> None:
 def main(args) -> int:
     from draftsmith.export.api import export
 
-    opts = ExportOptions(dtype=args.dtype, num_speculative_tokens=args.num_speculative_tokens, verifier=args.verifier)
+    opts = ExportOptions(dtype=args.dtype, num_speculative_tokens=args.num_speculative_tokens, verifier=args.verifier,
+                         max_model_len=args.max_model_len)
     try:
         result = export(args.checkpoint, args.to, args.out, opts, validate=not args.no_validate,
                         overwrite=args.overwrite)

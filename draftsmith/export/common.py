@@ -38,6 +38,9 @@ class ExportOptions:
     num_speculative_tokens: int | None = None
     # The verifier as the engine should load it (HF id or path); None: the recipe's target.path.
     verifier: str | None = None
+    # hf only: serve with requests limited to this many tokens (--max-model-len), for a draft LM whose
+    # max_position_embeddings is below the target's; None: the draft must cover the target's context.
+    max_model_len: int | None = None
 
 
 @dataclass

@@ -5,6 +5,12 @@ draft-model modes, e.g.
 Validation: tensor names/shapes against the model class built from config.json on the meta
 device, the tokenizer's vocabulary equal to the target's, max_position_embeddings covering the
 target's, and the round trip through eval.proposers.DraftModelProposer.
+
+Context length: a draft LM with fewer positions than the target (init: config / pretrained with a
+shorter context) would be run past its trained positions on long requests, so it is refused unless
+the export is limited with max_model_len (--max-model-len N <= the draft's positions): that limit is
+recorded in draftsmith.json and the serve command carries `--max-model-len N`. init: shrink copies the
+target's config, so it always covers the target's context.
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import torch
 
 from draftsmith.export import EXPORTERS
 from draftsmith.export.common import (
+    SIDECAR_FILE,
     Exporter,
     ExportFiles,
     ExportOptions,
@@ -54,7 +61,10 @@ class HFExporter(Exporter):
         d, target = loaded.drafter, loaded.target
         dtype = export_dtype(loaded, opts) if opts.dtype else target.dtype
         k = num_tokens(loaded, opts, 5)
-        side = sidecar(loaded, self.name, self.engine, opts, {"num_speculative_tokens": k})
+        extra = {"num_speculative_tokens": k}
+        if opts.max_model_len is not None:
+            extra["max_model_len"] = int(opts.max_model_len)
+        side = sidecar(loaded, self.name, self.engine, opts, extra)
         return ExportFiles(config={}, tensors={}, sidecar=side,
                            writer=lambda directory: d.save_hf(directory, target.tokenizer, dtype))
 
@@ -80,11 +90,8 @@ class HFExporter(Exporter):
     def check_format(self, export_dir: Path, config: dict, tensors: dict, loaded) -> list[str]:
         from transformers import AutoTokenizer
 
-        problems = []
-        want = loaded.target.config.max_position_embeddings
-        if config["max_position_embeddings"] < want:
-            problems.append(f"config.json: max_position_embeddings {config['max_position_embeddings']} < the target's "
-                            f"{want}; the engine would cap or reject longer requests")
+        limit = json.loads((export_dir / SIDECAR_FILE).read_text()).get("max_model_len")
+        problems = check_positions(config["max_position_embeddings"], loaded.target.config.max_position_embeddings, limit)
         tokenizer = AutoTokenizer.from_pretrained(str(export_dir))
         if tokenizer.get_vocab() != loaded.target.tokenizer.get_vocab():
             problems.append("tokenizer: the exported tokenizer's vocabulary differs from the target's")
@@ -102,4 +109,23 @@ class HFExporter(Exporter):
     def serve_command(self, out_dir: Path, loaded, opts: ExportOptions) -> str:
         k = num_tokens(loaded, opts, 5)
         spec = json.dumps({"model": str(out_dir), "num_speculative_tokens": k, "method": "draft_model"})
-        return f"vllm serve {shlex.quote(verifier_name(loaded, opts))} --speculative-config {shlex.quote(spec)}"
+        limit = f" --max-model-len {int(opts.max_model_len)}" if opts.max_model_len is not None else ""
+        return f"vllm serve {shlex.quote(verifier_name(loaded, opts))}{limit} --speculative-config {shlex.quote(spec)}"
+
+
+def check_positions(draft: int, target: int, limit: int | None) -> list[str]:
+    """The draft LM must cover every position a request can reach: the target's, or the recorded limit."""
+    if limit is None:
+        if draft >= target:
+            return []
+        return [f"config.json: the draft LM's max_position_embeddings is {draft}, the target's is {target}: requests "
+                f"longer than {draft} tokens would run the draft past its trained positions. Fix: retrain the draft with "
+                f"{target} positions (e.g. drafter.model_config.max_position_embeddings={target}, or init: shrink), or "
+                f"export with --max-model-len {draft} (ExportOptions(max_model_len={draft})) to serve requests of at "
+                f"most {draft} tokens"]
+    if limit < 1 or limit > target:
+        return [f"draftsmith.json: max_model_len {limit} must lie in 1..{target} (the target's max_position_embeddings)"]
+    if draft < limit:
+        return [f"config.json: the draft LM's max_position_embeddings is {draft}, below max_model_len {limit}; "
+                f"pass --max-model-len <= {draft}"]
+    return []
