@@ -65,12 +65,13 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
 class Target:
     """A frozen causal LM with its tokenizer, stop ids and a fingerprint."""
 
-    def __init__(self, model: nn.Module, tokenizer, name: str):
+    def __init__(self, model: nn.Module, tokenizer, name: str, path: str | None = None):
         self.model = model.eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.tokenizer = tokenizer
-        self.name = name
+        self.name = name  # stable display name: the HF id, builtin:NAME, or a local directory's name
+        self.path = path or name  # where it was loaded from, as given
         self.config = model.config
         self._fingerprint: Optional[str] = None
 
@@ -132,6 +133,7 @@ class Target:
         """What exports and results record about the verifier."""
         return {
             "name": self.name,
+            "path": self.path,
             "architectures": list(getattr(self.config, "architectures", None) or []),
             "model_type": self.config.model_type,
             "vocab_size": self.vocab_size,
@@ -170,7 +172,14 @@ def load(path: str, dtype: str = "float32", device: str = "auto", revision: str 
     )
     tokenizer = AutoTokenizer.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code)
     model.to(resolve_device(device))
-    return Target(model, tokenizer, name=path)
+    return Target(model, tokenizer, name=display_name(path), path=path)
+
+
+def display_name(path: str) -> str:
+    """The same model loaded through different relative paths gets one name (results group by it)."""
+    if path.startswith("builtin:") or not Path(path).is_dir():
+        return path  # builtin:NAME or a Hugging Face id
+    return Path(path).resolve().name
 
 
 def from_config(cfg) -> Target:
