@@ -227,7 +227,11 @@ def sidecar(loaded, fmt: str, engine: str, opts: ExportOptions, extra: dict | No
 
 
 def verifier_name(loaded, opts: ExportOptions) -> str:
-    return opts.verifier or loaded.config.target.path
+    """What the engine should load as the verifier: --verifier, else the recipe's target path
+    (an embedded builtin:NAME target becomes its directory, which engines can load)."""
+    from draftsmith.target import resolve_path
+
+    return opts.verifier or resolve_path(loaded.config.target.path)
 
 
 def num_tokens(loaded, opts: ExportOptions, default: int) -> int:
