@@ -21,7 +21,9 @@ from torch import nn
 
 @dataclass
 class StepOutput:
-    loss: torch.Tensor  # scalar, differentiable
+    # Scalar, differentiable: the SUM of the per-token loss over this micro-batch's loss tokens;
+    # the training loop divides by the global token count (all micro-batches, all ranks).
+    loss: torch.Tensor
     # Plain floats for logging: per-position (TTT step / head) accuracy under "acc_{i}".
     metrics: dict[str, float] = field(default_factory=dict)
     # Number of loss tokens in this micro-batch (for global normalisation across ranks).
