@@ -4,9 +4,6 @@ the output directory untouched (absent, or as it was)."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +36,7 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
     """Export checkpoint (a draftsmith checkpoint dir, or an already loaded LoadedDrafter) to `out`."""
     from draftsmith.export import EXPORTERS
     from draftsmith.export.validate import validate_export
-    from draftsmith.train.checkpoint import load_drafter
+    from draftsmith.train.checkpoint import load_drafter, write_dir_atomically
 
     exporter = EXPORTERS.get(to)()
     opts = options or ExportOptions()
@@ -54,25 +51,17 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
     out = Path(out).resolve()
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"{out} exists and is not empty; pass --overwrite to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    report: dict = {}
+    serve: list[str] = []
+
+    def fill(tmp: Path) -> None:
         files = exporter.build(loaded, opts, out)
-        serve = exporter.serve_command(out, loaded, opts)
-        files.sidecar["serve_command"] = serve
+        serve.append(exporter.serve_command(out, loaded, opts))
+        files.sidecar["serve_command"] = serve[0]
         write_files(files, tmp)
-        report = {}
-        if validate:
+        if validate:  # a failure raises here, and nothing is written to `out`
             k = num_tokens(loaded, opts, files.sidecar.get("num_speculative_tokens") or 5)
-            report = validate_export(tmp, exporter, loaded, opts, k)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return ExportResult(out_dir=out, serve_command=serve, report=report)
+            report.update(validate_export(tmp, exporter, loaded, opts, k))
+
+    write_dir_atomically(out, fill, marker=None)
+    return ExportResult(out_dir=out, serve_command=serve[0], report=report)

@@ -133,7 +133,8 @@ class Eagle3Drafter(Drafter):
         mask = torch.cat([mask, mask.new_zeros(b, 1)], dim=1)  # [b, s] -> [b, s+1]: no label past the end
         hidden = self.fc(batch["aux_hidden_states"].to(self.fc.weight.dtype))  # 1. [b, s, 3h] -> [b, s, h]
         target_logits = batch["target_logits"].float()
-        p = torch.softmax(target_logits[..., self.draft_ids()], dim=-1)  # 2. [b, s, V] -> [b, s, dv]
+        draft_ids = self.draft_ids()  # [dv] target ids of the draft vocabulary
+        p = torch.softmax(target_logits[..., draft_ids], dim=-1)  # 2. [b, s, V] -> [b, s, dv]
         target_top = target_logits.argmax(-1)  # [b, s] target ids
         step_kv: list = []
         total = hidden.new_zeros((), dtype=torch.float32)
@@ -151,7 +152,7 @@ class Eagle3Drafter(Drafter):
             kl = (p_t * (torch.log(p_t.clamp_min(1e-20)) - logq)).sum(-1)  # 4. [b, n]
             total = total + (self.cfg.step_decay**t) * (kl * m).sum()
             with torch.no_grad():
-                hit = (self.draft_ids()[logq.argmax(-1)] == target_top[:, 1 + t : 1 + t + n]).float()
+                hit = (draft_ids[logq.argmax(-1)] == target_top[:, 1 + t : 1 + t + n]).float()
                 denom = m.sum().clamp_min(1.0)
                 metrics[f"acc_{t}"] = float((hit * m).sum() / denom)
                 metrics[f"loss_{t}"] = float((kl * m).sum() / denom)

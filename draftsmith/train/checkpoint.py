@@ -53,8 +53,9 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def write_dir_atomically(final_dir: Path, fill, tmp: Path | None = None) -> Path:
-    """Call fill(tmp_dir) to write files, then move tmp_dir to final_dir in one rename.
+def write_dir_atomically(final_dir: Path, fill, tmp: Path | None = None, marker: str | None = "COMPLETE") -> Path:
+    """Call fill(tmp_dir) to write files, then move tmp_dir to final_dir in one rename; if fill
+    raises, nothing reaches final_dir. Checkpoints get a `marker` file; exports pass None.
 
     `tmp` may name a directory other ranks already wrote into (see save_collective)."""
     final_dir = Path(final_dir)
@@ -63,7 +64,8 @@ def write_dir_atomically(final_dir: Path, fill, tmp: Path | None = None) -> Path
         tmp = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.tmp-", dir=final_dir.parent))
     try:
         fill(tmp)
-        (tmp / "COMPLETE").write_text("ok\n")
+        if marker:
+            (tmp / marker).write_text("ok\n")
         if final_dir.exists():
             old = final_dir.with_name(f".{final_dir.name}.old-{os.getpid()}")
             os.replace(final_dir, old)
