@@ -1,16 +1,19 @@
 """EAGLE-3 drafter (Li et al. 2025, "EAGLE-3: Scaling up Inference Acceleration of Large
-Language Models via Training-Time Test").
+Language Models via Training-Time Test"), with the EAGLE 3.1 options of vLLM's speculators
+(`norm_before_residual`, `fc_norm`, `norm_output`).
 
 Architecture (tensor names follow SGLang's LlamaForCausalLMEagle3 so export is a rename-free copy):
+  fc_norm.{i}        (fc_norm only) one RMSNorm per aux layer, applied before fc
   fc                 [3h -> h]   fuses the target's low/mid/high hidden states
-  midlayer           one decoder layer whose attention reads [norm(embed(x)) ; norm(hidden)] (2h),
-                     residual = hidden; its pre-norm output is the next step's hidden
-  norm, lm_head      final RMSNorm, projection onto the draft vocabulary [h -> dv]
+  midlayer           one decoder layer whose attention reads [norm(embed(x)) ; norm(hidden)] (2h);
+                     residual = hidden (or norm(hidden) with norm_before_residual)
+  norm, lm_head      final RMSNorm, projection onto the draft vocabulary [h -> dv]; with norm_output
+                     the normed state is also what the next step reads (post-norm feedback)
   embed_tokens       the target's frozen embedding (shared, never trained, not in checkpoints)
   d2t, t2d           draft vocabulary: target_id = draft_id + d2t[draft_id]; t2d marks kept target ids
 
 Features read: aux_hidden_states = hidden_states[i] for i in aux_layer_ids (the input of target
-layer i); target_logits (the soft labels). The last hidden state is not used.
+layer i); target_logits (the labels).
 
 Pairing (training and inference alike): drafter position j takes (target hidden h_j, token x_{j+1})
 and predicts x_{j+2}; its label is the target's distribution at position j+1.
@@ -18,7 +21,7 @@ and predicts x_{j+2}; its label is the target's distribution at position j+1.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Literal, Optional
 
 import torch
 from torch import nn
@@ -45,32 +48,80 @@ class Eagle3Drafter(Drafter):
         draft_vocab_size: Optional[int] = None
         # Training-time-test unroll length: how many chained draft steps are trained.
         ttt_steps: int = 7
-        # Loss weight of unroll step t is step_decay ** t (later steps matter less).
+        # Loss weight of unroll step t is step_decay ** t (1.0: every step counts the same; the
+        # ablation in docs/benchmarks.md found decay < 1 lowers acceptance).
         step_decay: float = 0.8
         # Draft layer shape; None copies the target's.
         num_heads: Optional[int] = None
         num_kv_heads: Optional[int] = None
         intermediate_size: Optional[int] = None
-        # Initialise lm_head from the target's lm_head rows of the draft vocabulary (faster start).
-        init_lm_head_from_target: bool = True
+        # The attention residual is the normed hidden state instead of the raw one (speculators'
+        # norm_before_residual; vLLM reads the same field).
+        norm_before_residual: bool = False
+        # EAGLE 3.1: one RMSNorm per aux layer before fc (the target's layers differ in scale).
+        fc_norm: bool = False
+        # EAGLE 3.1: the next unroll step reads the post-norm state (post-norm feedback).
+        norm_output: bool = False
+        # Labels: 0 = soft forward KL against the target's distribution over the draft vocabulary,
+        # 1 = cross-entropy on the target's argmax, in between a mix (1-w) * KL + w * CE.
+        hard_label_weight: float = 0.0
+        # Drop positions whose target argmax lies outside the draft vocabulary from the loss
+        # (SpecForge); they can never be accepted, so their soft label only teaches a wrong mode.
+        mask_out_of_vocab: bool = False
+        # lm_head start: "target" copies the target's lm_head rows of the draft vocabulary;
+        # "random" uses init_std.
+        lm_head_init: Literal["target", "random"] = "target"
+        # Keep lm_head frozen at its start (speculators freezes the copied verifier head).
+        freeze_lm_head: bool = False
+        # Normal(0, init_std) for every trainable linear layer (HF's initializer_range); None keeps
+        # torch's default (Kaiming-uniform) init.
+        init_std: Optional[float] = None
+        # Uniform noise U(-a, a) added to the aux hidden states during training (EAGLE-1's feature
+        # noise); 0 disables it.
+        feature_noise: float = 0.0
+
+        def problems(self) -> list[str]:
+            out = []
+            if self.ttt_steps < 1:
+                out.append(f"drafter.ttt_steps must be >= 1, got {self.ttt_steps}")
+            if not 0.0 < self.step_decay <= 1.0:
+                out.append(f"drafter.step_decay must lie in (0, 1], got {self.step_decay}")
+            if not 0.0 <= self.hard_label_weight <= 1.0:
+                out.append(f"drafter.hard_label_weight must lie in [0, 1], got {self.hard_label_weight}")
+            if self.draft_vocab_size is not None and self.draft_vocab_size < 2:
+                out.append(f"drafter.draft_vocab_size must be >= 2, got {self.draft_vocab_size}")
+            if self.init_std is not None and self.init_std <= 0:
+                out.append(f"drafter.init_std must be > 0 (or null for torch's default), got {self.init_std}")
+            if self.feature_noise < 0:
+                out.append(f"drafter.feature_noise must be >= 0, got {self.feature_noise}")
+            if self.freeze_lm_head and self.lm_head_init != "target":
+                out.append("drafter.freeze_lm_head needs drafter.lm_head_init=target (a frozen random head learns nothing)")
+            return out
 
     def __init__(self, cfg: "Eagle3Drafter.Config", layer_config, aux_layer_ids: list[int], draft_vocab_size: int,
                  target_vocab_size: int, embed_tokens: nn.Embedding):
         super().__init__()
         h = layer_config.hidden_size
+        eps = layer_config.rms_norm_eps
         self.cfg = cfg
         self.layer_config = layer_config
         self.aux_layer_ids = list(aux_layer_ids)
+        if cfg.fc_norm:
+            self.fc_norm = nn.ModuleList(LlamaRMSNorm(h, eps=eps) for _ in aux_layer_ids)
         self.fc = nn.Linear(len(aux_layer_ids) * h, h, bias=False)
         self.midlayer = DraftDecoderLayer(layer_config, input_size=2 * h)
-        self.midlayer.input_layernorm = LlamaRMSNorm(h, eps=layer_config.rms_norm_eps)
-        self.midlayer.hidden_norm = LlamaRMSNorm(h, eps=layer_config.rms_norm_eps)
-        self.norm = LlamaRMSNorm(h, eps=layer_config.rms_norm_eps)
+        self.midlayer.input_layernorm = LlamaRMSNorm(h, eps=eps)
+        self.midlayer.hidden_norm = LlamaRMSNorm(h, eps=eps)
+        self.norm = LlamaRMSNorm(h, eps=eps)
         self.lm_head = nn.Linear(h, draft_vocab_size, bias=False)
         self.rotary = rotary(layer_config)
         self.embed_tokens = [embed_tokens]  # a list hides the shared frozen module from parameters()/state_dict()
         self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(target_vocab_size, dtype=torch.bool))
+        if cfg.init_std is not None:
+            for module in self.modules():
+                if isinstance(module, nn.Linear):
+                    nn.init.normal_(module.weight, std=cfg.init_std)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -91,9 +142,10 @@ class Eagle3Drafter(Drafter):
         drafter = cls(cfg, layer_cfg, aux, dv, V, target.embed_tokens)
         drafter.d2t.copy_(d2t)
         drafter.t2d.copy_(t2d)
-        if cfg.init_lm_head_from_target:
+        if cfg.lm_head_init == "target":
             with torch.no_grad():
                 drafter.lm_head.weight.copy_(target.lm_head.weight[drafter.draft_ids()].float())
+        drafter.lm_head.weight.requires_grad_(not cfg.freeze_lm_head)
         return drafter.to(device=target.device)
 
     @classmethod
@@ -105,57 +157,100 @@ class Eagle3Drafter(Drafter):
         return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
 
     # ------------------------------------------------------------------ one step
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """[b, s, n*h] aux hidden states -> [b, s, h] (per-layer RMSNorm first with fc_norm)."""
+        aux = aux.to(self.fc.weight.dtype)
+        if self.cfg.fc_norm:
+            chunks = aux.chunk(len(self.fc_norm), dim=-1)  # n x [b, s, h]
+            aux = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
+        return self.fc(aux)  # [b, s, n*h] -> [b, s, h]
+
     def step(self, token_ids, hidden, positions, cache: KVCache | None = None, step_kv=None):
-        """[b, n] tokens, [b, n, h] hidden, [b, n] positions -> [b, n, h] pre-norm output."""
+        """[b, n] tokens, [b, n, h] state, [b, n] positions -> [b, n, h] the state the next step reads."""
         emb = self.embed_tokens[0](token_ids).to(hidden.dtype)  # [b, n] -> [b, n, h]
         layer = self.midlayer
-        attn_input = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden)], dim=-1)  # -> [b, n, 2h]
+        normed = layer.hidden_norm(hidden)
+        attn_input = torch.cat([layer.input_layernorm(emb), normed], dim=-1)  # -> [b, n, 2h]
+        residual = normed if self.cfg.norm_before_residual else hidden
         cos, sin = self.rotary(hidden, positions)
-        return layer(attn_input, hidden, cos, sin, cache=cache, step_kv=step_kv)
+        out = layer(attn_input, residual, cos, sin, cache=cache, step_kv=step_kv)
+        return self.norm(out) if self.cfg.norm_output else out
 
-    def logits(self, out: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(out))  # [b, n, h] -> [b, n, dv]
+    def logits(self, state: torch.Tensor) -> torch.Tensor:
+        """[b, n, h] step state -> [b, n, dv] draft logits."""
+        return self.lm_head(state if self.cfg.norm_output else self.norm(state))
 
     # ------------------------------------------------------------------ training
-    def forward_loss(self, batch) -> StepOutput:
-        """EAGLE-3 training-time test, numbered as in the paper's training recipe:
+    def unroll(self, batch, steps: Optional[int] = None) -> Iterator[tuple[int, torch.Tensor]]:
+        """The training-time-test unroll: yields (t, logits [b, s-1-t, dv]) for t = 0..steps-1.
 
-        1. fuse the aux hidden states: [b, s, 3h] -> [b, s, h];
-        2. soft labels: the target's next-token distribution restricted to the draft vocabulary;
-        3. unroll t = 0..ttt_steps-1: position j reads (hidden_j, x_{j+1+t}) and predicts x_{j+2+t};
-           step t's hidden is step t-1's output (the drafter's own feature, as at inference);
-        4. loss_t = forward KL(p || q) summed over positions whose predicted token is in the loss mask,
-           weighted by step_decay ** t; the sum is normalised by the caller (see StepOutput).
+        Step t at index j reads (state_j of step t-1, x_{j+1+t}) at position j+t and predicts
+        x_{j+2+t}; step 0's state is the fused target feature. The proposer runs the same steps
+        one token at a time, so this is also the teacher-forced chain draft of every position.
         """
         ids = batch["input_ids"]
         b, s = ids.shape
-        mask = (batch["loss_mask"] * batch["attention_mask"]).float()
-        mask = torch.cat([mask, mask.new_zeros(b, 1)], dim=1)  # [b, s] -> [b, s+1]: no label past the end
-        hidden = self.fc(batch["aux_hidden_states"].to(self.fc.weight.dtype))  # 1. [b, s, 3h] -> [b, s, h]
-        target_logits = batch["target_logits"].float()
-        draft_ids = self.draft_ids()  # [dv] target ids of the draft vocabulary
-        p = torch.softmax(target_logits[..., draft_ids], dim=-1)  # 2. [b, s, V] -> [b, s, dv]
-        target_top = target_logits.argmax(-1)  # [b, s] target ids
+        aux = batch["aux_hidden_states"]
+        if self.training and self.cfg.feature_noise > 0:
+            aux = aux + (torch.rand_like(aux) * 2 - 1) * self.cfg.feature_noise
+        hidden = self.fuse(aux)  # [b, s, n*h] -> [b, s, h]
         step_kv: list = []
-        total = hidden.new_zeros((), dtype=torch.float32)
-        metrics: dict[str, float] = {}
-        num_tokens = int(mask[:, 2:].sum())
-        for t in range(self.cfg.ttt_steps):  # 3.
+        for t in range(steps or self.cfg.ttt_steps):
             n = s - 1 - t
             if n <= 0:
                 break
             positions = (torch.arange(n, device=ids.device) + t).expand(b, n)
             hidden = self.step(ids[:, 1 + t : 1 + t + n], hidden[:, :n], positions, step_kv=step_kv)
-            logq = torch.log_softmax(self.logits(hidden).float(), dim=-1)  # [b, n, dv]
-            p_t = p[:, 1 + t : 1 + t + n]
+            yield t, self.logits(hidden)
+
+    def forward_loss(self, batch) -> StepOutput:
+        """EAGLE-3 training-time test, numbered as in the paper's training recipe:
+
+        1. labels: the target's logits restricted to the draft vocabulary (never a full-vocabulary
+           fp32 copy), their argmax in target ids, and which argmaxes the draft vocabulary holds;
+        2. unroll t = 0..ttt_steps-1 (see `unroll`);
+        3. loss_t = (1-w) * KL(p || q) + w * CE(argmax p) summed over positions whose predicted
+           token is in the loss mask (minus out-of-vocabulary argmaxes with mask_out_of_vocab),
+           weighted by step_decay ** t; the sum is normalised by the caller (see StepOutput).
+        """
+        cfg = self.cfg
+        ids = batch["input_ids"]
+        b, s = ids.shape
+        mask = (batch["loss_mask"] * batch["attention_mask"]).float()
+        mask = torch.cat([mask, mask.new_zeros(b, 1)], dim=1)  # [b, s] -> [b, s+1]: no label past the end
+        draft_ids = self.draft_ids()  # [dv] target ids of the draft vocabulary
+        target_logits = batch["target_logits"]
+        label_logits = target_logits[..., draft_ids].float()  # 1. [b, s, V] -> [b, s, dv]
+        logp = torch.log_softmax(label_logits, dim=-1)
+        target_top = target_logits.argmax(-1)  # [b, s] target ids
+        in_vocab = self.t2d[target_top]  # [b, s]
+        hard = self.t2d.long().cumsum(0).sub(1)[target_top].clamp_min(0)  # [b, s] draft id of the argmax
+        if cfg.mask_out_of_vocab:
+            mask[:, :s] = mask[:, :s] * in_vocab.float()
+        total = label_logits.new_zeros(())
+        sums: dict[str, torch.Tensor] = {}
+        num_tokens = int(mask[:, 2:].sum())
+        for t, logits in self.unroll(batch):  # 2.
+            n = logits.shape[1]
+            logq = torch.log_softmax(logits.float(), dim=-1)  # [b, n, dv]
             m = mask[:, 2 + t : 2 + t + n]
-            kl = (p_t * (torch.log(p_t.clamp_min(1e-20)) - logq)).sum(-1)  # 4. [b, n]
-            total = total + (self.cfg.step_decay**t) * (kl * m).sum()
+            lp = logp[:, 1 + t : 1 + t + n]
+            loss = (lp.exp() * (lp - logq)).sum(-1)  # 3. forward KL [b, n]
+            if cfg.hard_label_weight > 0:
+                ce = -logq.gather(-1, hard[:, 1 + t : 1 + t + n, None]).squeeze(-1)  # [b, n]
+                ce = ce * in_vocab[:, 1 + t : 1 + t + n]  # an out-of-vocabulary argmax has no draft id
+                loss = (1 - cfg.hard_label_weight) * loss + cfg.hard_label_weight * ce
+            total = total + (cfg.step_decay**t) * (loss * m).sum()
             with torch.no_grad():
                 hit = (draft_ids[logq.argmax(-1)] == target_top[:, 1 + t : 1 + t + n]).float()
-                denom = m.sum().clamp_min(1.0)
-                metrics[f"acc_{t}"] = float((hit * m).sum() / denom)
-                metrics[f"loss_{t}"] = float((kl * m).sum() / denom)
+                sums[f"acc_{t}"] = (hit * m).sum()
+                sums[f"loss_{t}"] = (loss * m).sum()
+                sums[f"tokens_{t}"] = m.sum()
+        metrics = {}
+        for key, value in sums.items():
+            if not key.startswith("tokens_"):
+                t = key.rsplit("_", 1)[1]
+                metrics[key] = float(value / sums[f"tokens_{t}"].clamp_min(1.0))
         return StepOutput(loss=total, metrics=metrics, num_tokens=num_tokens)
 
     # ------------------------------------------------------------------ inference
@@ -176,14 +271,14 @@ class Eagle3Proposer:
     def begin(self, prompt_ids: torch.Tensor) -> None:
         self.cache = KVCache()
         self.committed = 0  # cache entries that belong to committed context
-        self.last_out: torch.Tensor | None = None  # [1, 1, h] output of the newest committed pair
+        self.last_out: torch.Tensor | None = None  # [1, 1, h] state of the newest committed pair
 
     @torch.no_grad()
     def commit(self, context: torch.Tensor, num_new: int, target_out) -> None:
         d = self.drafter
         self.cache.crop(self.committed)  # drop the speculative chain of the last round
         aux = torch.cat([target_out.hidden_states[i] for i in d.aux_layer_ids], dim=-1)  # [1, m, 3h]
-        hidden = d.fc(aux.to(d.fc.weight.dtype))  # [1, m, 3h] -> [1, m, h]
+        hidden = d.fuse(aux)  # [1, m, 3h] -> [1, m, h]
         tokens = context[-num_new:].view(1, -1).to(hidden.device)
         positions = torch.arange(self.committed, self.committed + num_new, device=hidden.device).view(1, -1)
         out = d.step(tokens, hidden, positions, cache=self.cache)
@@ -210,4 +305,3 @@ class Eagle3Proposer:
                 pos = torch.tensor([[self.committed + i]], device=out.device)
                 out = d.step(token.view(1, 1), out, pos, cache=self.cache)
         return Draft(tokens=torch.stack(tokens).view(-1), probs=torch.stack(probs))
-

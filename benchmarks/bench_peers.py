@@ -1,0 +1,341 @@
+"""Side by side: draftsmith's EAGLE-3 and vLLM speculators' Eagle3DraftModel trained on identical
+token sequences with an identical budget, measured with one acceptance measure.
+
+Protocol (issue 10; ../shared/peers-on-cpu.md):
+  target    stories260K (../shared/models/stories260K-hf), fp32, aux layers [1, 2, 4]
+  data      240 stories sampled from the target itself (T = 0.8, 160 new tokens, prompts drawn
+            from this file's own openings, seed --data-seed), given to draftsmith as text rows;
+            the token sequences draftsmith builds from them are the ones speculators gets, packed
+            4 per step (draftsmith pads the same 4 per step)
+  budget    --steps optimizer steps x 4 sequences (~640 tokens), 1 draft layer, 3 TTT steps
+  measure   teacher-forced chain tau on target-greedy continuations: 10 held-out prompts,
+            128 greedy new tokens each (EOS ignored), rounds walked exactly as the speculative
+            loop walks them (k = 3): a round starting at context length c accepts the longest
+            prefix of the drafter's chain from c that matches the continuation, then commits
+            accepted + 1. tau = sum committed / sum rounds over all prompts (pooled).
+            The chain is each model's own teacher-forced TTT unroll, so it needs no loop code.
+  check     draftsmith's drafter also runs through draftsmith's real loop (eval/loop.py) on the
+            same prompts; both taus must agree within 0.03 and the output must equal
+            target-only greedy decoding.
+
+    OMP_NUM_THREADS=2 python -u benchmarks/bench_peers.py --steps 300 --seeds 0 1 2
+    OMP_NUM_THREADS=2 python -u benchmarks/bench_peers.py --steps 300 3000 --seeds 0 1 2 --out results/peers.json
+    python benchmarks/bench_peers.py --smoke          # 2 steps, 1 seed, 2 prompts (CI runs this)
+    python benchmarks/bench_peers.py --steps 300 --seeds 0 1 2 --peers draftsmith \\
+        --set step_decay=0.8 --set train.min_lr_ratio=0.1     # one ablation row
+
+Model Optimizer (nvidia-modelopt) needs transformers < 5.15, which conflicts with the transformers
+draftsmith runs on; it is not run here (see docs/benchmarks.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from draftsmith import config as config_mod  # noqa: E402
+from draftsmith import target as target_mod  # noqa: E402
+from draftsmith.eval.loop import LoopConfig, generate  # noqa: E402
+
+STORIES = REPO.parent / "shared" / "models" / "stories260K-hf"
+RECIPE = REPO / "recipes" / "debug" / "eagle3-stories260k.yaml"
+AUX = [1, 2, 4]
+# Our own story openings: training prompts and held-out evaluation prompts never overlap.
+TRAIN_OPENINGS = [
+    "Once upon a time", "One day,", "There was a little", "Tom and Sue", "A big dog", "The sun was",
+    "Lily liked to", "In a small town", "Ben had a", "The cat saw", "Mom said", "It was a rainy day",
+    "A little bird", "Sam wanted to", "The boy found", "Anna and her mom",
+]
+EVAL_OPENINGS = [
+    "Once upon a time, there was a girl named", "One day, a little boy went to the", "The dog and the cat",
+    "Tim was very happy because", "Sara had a red ball.", "The big tree in the park", "A small fish lived",
+    "Max and Lucy went to the", "The old man had a", "Jack saw a shiny",
+]
+DEFAULTS = {"k": 3, "eval_new_tokens": 128, "stories": 240, "story_tokens": 160, "temperature": 0.8, "batch": 4}
+
+
+# --------------------------------------------------------------------------- data
+def encode_prompt(target, text: str) -> torch.Tensor:
+    tok = target.tokenizer
+    ids = [tok.bos_token_id] + tok(text, add_special_tokens=False)["input_ids"]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+@torch.no_grad()
+def sample_stories(target, n: int, new_tokens: int, temperature: float, seed: int) -> list[str]:
+    """n stories sampled from the target itself (ancestral sampling at `temperature`, EOS ignored)."""
+    from transformers import DynamicCache
+
+    g = torch.Generator().manual_seed(seed)
+    stories = []
+    for _ in range(n):
+        opening = TRAIN_OPENINGS[int(torch.randint(len(TRAIN_OPENINGS), (1,), generator=g))]
+        ids = encode_prompt(target, opening)
+        cache, step_in, out = DynamicCache(config=target.config), ids[None], []
+        for _ in range(new_tokens):
+            logits = target.forward(step_in, cache=cache).logits[0, -1].float() / temperature
+            step_in = torch.multinomial(torch.softmax(logits, -1), 1, generator=g)[None]  # [1, 1]
+            out.append(int(step_in))
+        stories.append(target.tokenizer.decode(ids[1:].tolist() + out, skip_special_tokens=True))
+    return stories
+
+
+@torch.no_grad()
+def greedy_continuations(target, n_prompts: int, new_tokens: int) -> list[tuple[torch.Tensor, list[int]]]:
+    """(prompt ids, target-greedy continuation) through the loop's own k = 0 path, EOS ignored."""
+    out = []
+    for text in EVAL_OPENINGS[:n_prompts]:
+        prompt = encode_prompt(target, text)
+        gen = generate(target, None, prompt, LoopConfig(k=0, max_new_tokens=new_tokens, eos_ids=[]))
+        out.append((prompt, gen.tokens))
+    return out
+
+
+# --------------------------------------------------------------------------- the one measure
+def walk_rounds(preds: list[list[int]], seq: list[int], prompt_len: int, new_tokens: int, k: int) -> tuple[int, int]:
+    """Rounds of the speculative loop over a fixed greedy continuation.
+
+    preds[t][j]: the drafter's step-t token at drafter position j, which predicts seq[j + 2 + t].
+    The loop commits the first token from the prefill, then each round starting at context
+    length c drafts from position c - 2 and accepts the matching prefix. -> (committed, rounds).
+    """
+    c, committed, rounds = prompt_len + 1, 1, 0
+    while committed < new_tokens:
+        k_round = min(k, new_tokens - committed - 1)
+        a = 0
+        while a < k_round and preds[a][c - 2] == seq[c + a]:
+            a += 1
+        c, committed, rounds = c + a + 1, committed + a + 1, rounds + 1
+    return committed - 1, rounds  # the prefill's token is not a round's
+
+
+@torch.no_grad()
+def target_features(target, seq: torch.Tensor) -> dict:
+    """[1, s] ids -> aux hidden states [1, s, 3h], pre-norm last hidden [1, s, h], logits [1, s, V]."""
+    captured = {}
+    norm = target.model.model.norm
+    handle = norm.register_forward_hook(lambda mod, inp, out: captured.__setitem__("pre", inp[0]))
+    try:
+        out = target.forward(seq)
+    finally:
+        handle.remove()
+    return {"aux": torch.cat([out.hidden_states[i] for i in AUX], dim=-1), "last_pre": captured["pre"],
+            "logits": out.logits}
+
+
+@torch.no_grad()
+def draftsmith_chain(drafter, target, seq: torch.Tensor, k: int) -> list[list[int]]:
+    f = target_features(target, seq)
+    batch = {"input_ids": seq, "attention_mask": torch.ones_like(seq), "aux_hidden_states": f["aux"]}
+    ids = drafter.draft_ids()
+    return [ids[logits[0].argmax(-1)].tolist() for _, logits in drafter.unroll(batch, steps=k)]
+
+
+@torch.no_grad()
+def speculators_chain(model, target, seq: torch.Tensor, k: int) -> list[list[int]]:
+    f = target_features(target, seq)
+    s = seq.shape[1]
+    tokens = model(hidden_states=f["aux"][:, :-1], input_ids=seq[:, 1:], document_ids=torch.zeros(1, s - 1, dtype=torch.long),
+                   position_ids=torch.arange(1, s)[None], ttt_steps=k)
+    d2t = model.d2t if model.d2t is not None else torch.zeros(model.config.draft_vocab_size, dtype=torch.long)
+    return [(t[0] + d2t[t[0]]).tolist() for t in tokens]
+
+
+def teacher_forced_tau(chain_fn, model, target, evalset, k: int) -> float:
+    committed = rounds = 0
+    for prompt, cont in evalset:
+        seq = torch.cat([prompt, torch.tensor(cont)])[None]
+        c, r = walk_rounds(chain_fn(model, target, seq, k), seq[0].tolist(), len(prompt), len(cont), k)
+        committed, rounds = committed + c, rounds + r
+    return committed / rounds
+
+
+@torch.no_grad()
+def loop_tau(drafter, target, evalset, k: int) -> tuple[float, bool]:
+    """tau through draftsmith's real loop, and whether every output equals target-only greedy."""
+    committed = rounds = 0
+    lossless = True
+    for prompt, cont in evalset:
+        gen = generate(target, drafter.make_proposer(target), prompt, LoopConfig(k=k, max_new_tokens=len(cont), eos_ids=[]))
+        lossless &= gen.tokens == cont
+        committed += sum(r.committed for r in gen.rounds)
+        rounds += len(gen.rounds)
+    return committed / rounds, lossless
+
+
+# --------------------------------------------------------------------------- trainers
+def draftsmith_trainer(data_file: Path, out_dir: Path, steps: int, seed: int, overrides: list[str]):
+    """The EAGLE-3 debug recipe as a user runs it (its lr, schedule and the kind's defaults), on the
+    protocol's data, budget, aux layers and TTT steps; `overrides` are the ablation's changes."""
+    from draftsmith.train.loop import Trainer
+
+    protocol = [f"data.path=[{data_file}]", "data.max_length=192", "data.text_chunk_tokens=256", "data.eval_samples=0",
+                "regenerate.output=null", f"target.path={STORIES}", "target.device=cpu",
+                f"drafter.aux_layer_ids=[{','.join(map(str, AUX))}]", "drafter.ttt_steps=3",
+                f"train.output_dir={out_dir}", f"train.max_steps={steps}", f"train.batch_size={DEFAULTS['batch']}",
+                f"train.seed={seed}", f"train.log_every={max(1, steps // 4)}", "train.eval_every=0",
+                "logging.progress_bar=false"]
+    extra = [o if "." in o.split("=")[0] else f"drafter.{o}" for o in overrides]
+    return Trainer(config_mod.load(str(RECIPE), protocol + extra))
+
+
+def train_draftsmith(data_file, out_dir, steps, seed, overrides):
+    trainer = draftsmith_trainer(data_file, out_dir, steps, seed, overrides)
+    trainer.run()
+    trainer.drafter.eval()
+    return trainer
+
+
+def speculators_model(target):
+    from transformers import AutoConfig
+
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    verifier = AutoConfig.from_pretrained(STORIES)
+    verifier.num_hidden_layers = 1  # the draft's own layer count
+    vocab = target.vocab_size
+    model = Eagle3DraftModel.from_training_args(
+        verifier_config=verifier, t2d=torch.ones(vocab, dtype=torch.bool), d2t=torch.zeros(vocab, dtype=torch.long),
+        num_layers=1, norm_before_residual=True, ttt_steps=3, draft_vocab_size=vocab,
+        verifier_name_or_path=str(STORIES), target_layer_ids=AUX, draft_attn_impl="sdpa")
+    return model.float()
+
+
+def pack(batch: dict, feats: dict) -> dict:
+    """One padded draftsmith batch -> one packed speculators row (each document shifted as shift_batch does)."""
+    parts = {"input_ids": [], "hidden_states": [], "verifier_last_hidden_states": [], "loss_mask": [],
+             "position_ids": [], "document_ids": []}
+    for b, length in enumerate(batch["attention_mask"].sum(1).tolist()):
+        parts["input_ids"].append(batch["input_ids"][b, 1:length])
+        parts["hidden_states"].append(feats["aux"][b, : length - 1])
+        parts["verifier_last_hidden_states"].append(feats["last_pre"][b, 1:length])
+        parts["loss_mask"].append(batch["loss_mask"][b, 1:length].bool())
+        parts["position_ids"].append(torch.arange(1, length))
+        parts["document_ids"].append(torch.full((length - 1,), b, dtype=torch.long))
+    return {k: torch.cat(v)[None] for k, v in parts.items()}
+
+
+def train_speculators(target, trainer, steps: int, seed: int):
+    """speculators' Eagle3DraftModel from our own loop (its CLI needs an accelerator): AdamW,
+    constant lr 3e-3, clip 1.0, no step decay, eager KL loss (peers-on-cpu.md)."""
+    from speculators.losses import resolve_loss_config
+
+    torch.manual_seed(seed)
+    model = speculators_model(target)
+    model.train()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    loss_config = resolve_loss_config("kl_div", "eager")
+    stream = trainer.stream  # the very batches draftsmith trains on (same seed, same order)
+    for _ in range(steps):
+        batch = next(stream)
+        captured = {}
+        with torch.no_grad():
+            handle = target.model.model.norm.register_forward_hook(lambda m, i, o: captured.__setitem__("pre", i[0]))
+            try:
+                out = target.forward(batch["input_ids"], attention_mask=batch["attention_mask"])
+            finally:
+                handle.remove()
+        feats = {"aux": torch.cat([out.hidden_states[i] for i in AUX], dim=-1), "last_pre": captured["pre"]}
+        packed = pack(batch, feats)
+        _, loss, _ = model(**packed, ttt_steps=3, ttt_step_loss_decay=1.0, loss_config=loss_config)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    model.eval()
+    return model
+
+
+# --------------------------------------------------------------------------- main
+def summarize(values: list[float]) -> dict:
+    return {"mean": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values), "values": values}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, nargs="+", default=[300])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--peers", default="draftsmith,speculators")
+    ap.add_argument("--set", dest="overrides", action="append", default=[],
+                    help="draftsmith override, e.g. step_decay=0.8 (a drafter option) or train.lr=1e-3")
+    ap.add_argument("--data-seed", type=int, default=1234)
+    ap.add_argument("--prompts", type=int, default=10)
+    ap.add_argument("--workdir", type=Path, default=None, help="keeps the sampled data between runs")
+    ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    ap.add_argument("--smoke", action="store_true", help="2 steps, 1 seed, 8 stories, 2 prompts (CI)")
+    args = ap.parse_args(argv)
+    if not STORIES.is_dir():
+        print(f"bench_peers: {STORIES} is missing; it needs ../shared beside the repository", file=sys.stderr)
+        return 2
+    n_stories, prompts, eval_tokens = DEFAULTS["stories"], args.prompts, DEFAULTS["eval_new_tokens"]
+    if args.smoke:
+        args.steps, args.seeds, n_stories, prompts, eval_tokens = [2], [0], 8, 2, 24
+    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    target = target_mod.load(str(STORIES), dtype="float32", device="cpu")
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-peers-"))
+    work.mkdir(parents=True, exist_ok=True)
+    data_file = work / f"stories-{n_stories}-{args.data_seed}.jsonl"
+    if not data_file.exists():
+        t0 = time.perf_counter()
+        stories = sample_stories(target, n_stories, DEFAULTS["story_tokens"], DEFAULTS["temperature"], args.data_seed)
+        tmp = data_file.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps({"text": s}) + "\n" for s in stories))
+        tmp.replace(data_file)
+        print(f"sampled {n_stories} stories in {time.perf_counter() - t0:.0f} s -> {data_file}", flush=True)
+    evalset = greedy_continuations(target, prompts, eval_tokens)
+    k = DEFAULTS["k"]
+    rows = []
+    for steps in args.steps:
+        for seed in args.seeds:
+            row = {"steps": steps, "seed": seed}
+            t0 = time.perf_counter()
+            trainer = train_draftsmith(data_file, work / f"ds-{steps}-{seed}", steps, seed, args.overrides)
+            row["draftsmith_train_s"] = time.perf_counter() - t0
+            if "draftsmith" in peers:
+                row["draftsmith_tau"] = teacher_forced_tau(draftsmith_chain, trainer.drafter, target, evalset, k)
+                row["draftsmith_loop_tau"], row["draftsmith_lossless"] = loop_tau(trainer.drafter, target, evalset, k)
+                row["trainable_params"] = sum(p.numel() for p in trainer.drafter.trainable_parameters())
+            if "speculators" in peers:
+                t0 = time.perf_counter()
+                fresh = draftsmith_trainer(data_file, work / f"sp-{steps}-{seed}", steps, seed, args.overrides)
+                model = train_speculators(target, fresh, steps, seed)
+                row["speculators_train_s"] = time.perf_counter() - t0
+                row["speculators_tau"] = teacher_forced_tau(speculators_chain, model, target, evalset, k)
+                row["speculators_trainable_params"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            rows.append(row)
+            print(json.dumps({k_: (round(v, 4) if isinstance(v, float) else v) for k_, v in row.items()}), flush=True)
+    report = {"protocol": {**DEFAULTS, "prompts": prompts, "eval_new_tokens": eval_tokens, "stories": n_stories,
+                           "data_seed": args.data_seed, "aux_layers": AUX, "overrides": args.overrides},
+              "runs": rows, "summary": {}}
+    for steps in args.steps:
+        runs = [r for r in rows if r["steps"] == steps]
+        for key in ("draftsmith_tau", "draftsmith_loop_tau", "speculators_tau"):
+            if runs and key in runs[0]:
+                report["summary"][f"{key}@{steps}"] = summarize([r[key] for r in runs])
+    bad = [r for r in rows if "draftsmith_tau" in r
+           and (abs(r["draftsmith_tau"] - r["draftsmith_loop_tau"]) > 0.03 or not r["draftsmith_lossless"])]
+    for name, s in report["summary"].items():
+        print(f"{name:28s} {s['mean']:.3f} ± {s['std']:.3f}  (min {s['min']:.3f}, max {s['max']:.3f}, n={len(s['values'])})")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1))
+    if bad:
+        print(f"measure check FAILED: teacher-forced and loop tau differ by > 0.03, or the loop was lossy: {bad}")
+        return 1
+    print("measure check: teacher-forced tau equals the real loop's within 0.03, and every output is lossless")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
