@@ -72,20 +72,27 @@ def encode_prompt(target, text: str) -> torch.Tensor:
 
 @torch.no_grad()
 def sample_stories(target, n: int, new_tokens: int, temperature: float, seed: int) -> list[str]:
-    """n stories sampled from the target itself (ancestral sampling at `temperature`, EOS ignored)."""
+    """n stories sampled from the target itself (ancestral sampling at `temperature`, EOS ignored).
+    Story i opens with a seeded random opening; stories sharing an opening are sampled as one batch."""
     from transformers import DynamicCache
 
     g = torch.Generator().manual_seed(seed)
-    stories = []
-    for _ in range(n):
-        opening = TRAIN_OPENINGS[int(torch.randint(len(TRAIN_OPENINGS), (1,), generator=g))]
-        ids = encode_prompt(target, opening)
-        cache, step_in, out = DynamicCache(config=target.config), ids[None], []
+    choice = torch.randint(len(TRAIN_OPENINGS), (n,), generator=g).tolist()
+    stories: list[str] = [""] * n
+    for o, opening in enumerate(TRAIN_OPENINGS):
+        rows = [i for i in range(n) if choice[i] == o]
+        if not rows:
+            continue
+        prompt = encode_prompt(target, opening)
+        step_in = prompt[None].expand(len(rows), -1)  # [r, p]
+        cache, out = DynamicCache(config=target.config), []
         for _ in range(new_tokens):
-            logits = target.forward(step_in, cache=cache).logits[0, -1].float() / temperature
-            step_in = torch.multinomial(torch.softmax(logits, -1), 1, generator=g)[None]  # [1, 1]
-            out.append(int(step_in))
-        stories.append(target.tokenizer.decode(ids[1:].tolist() + out, skip_special_tokens=True))
+            logits = target.forward(step_in, cache=cache).logits[:, -1].float() / temperature  # [r, V]
+            step_in = torch.multinomial(torch.softmax(logits, -1), 1, generator=g)  # [r, 1]
+            out.append(step_in)
+        body = torch.cat(out, dim=1)  # [r, new_tokens]
+        for r, i in enumerate(rows):
+            stories[i] = target.tokenizer.decode(prompt[1:].tolist() + body[r].tolist(), skip_special_tokens=True)
     return stories
 
 
@@ -119,8 +126,8 @@ def walk_rounds(preds: list[list[int]], seq: list[int], prompt_len: int, new_tok
 
 
 @torch.no_grad()
-def target_features(target, seq: torch.Tensor) -> dict:
-    """[1, s] ids -> aux hidden states [1, s, 3h], pre-norm last hidden [1, s, h], logits [1, s, V]."""
+def target_features(target, seq: torch.Tensor, layers: list[int] = AUX) -> dict:
+    """[1, s] ids -> aux hidden states [1, s, n*h] of `layers`, pre-norm last hidden [1, s, h], logits [1, s, V]."""
     captured = {}
     norm = target.model.model.norm
     handle = norm.register_forward_hook(lambda mod, inp, out: captured.__setitem__("pre", inp[0]))
@@ -128,13 +135,13 @@ def target_features(target, seq: torch.Tensor) -> dict:
         out = target.forward(seq)
     finally:
         handle.remove()
-    return {"aux": torch.cat([out.hidden_states[i] for i in AUX], dim=-1), "last_pre": captured["pre"],
+    return {"aux": torch.cat([out.hidden_states[i] for i in layers], dim=-1), "last_pre": captured["pre"],
             "logits": out.logits}
 
 
 @torch.no_grad()
 def draftsmith_chain(drafter, target, seq: torch.Tensor, k: int) -> list[list[int]]:
-    f = target_features(target, seq)
+    f = target_features(target, seq, drafter.feature_layers())
     batch = {"input_ids": seq, "attention_mask": torch.ones_like(seq), "aux_hidden_states": f["aux"]}
     ids = drafter.draft_ids()
     return [ids[logits[0].argmax(-1)].tolist() for _, logits in drafter.unroll(batch, steps=k)]
@@ -299,10 +306,10 @@ def main(argv=None) -> int:
     for steps in args.steps:
         for seed in args.seeds:
             row = {"steps": steps, "seed": seed}
-            t0 = time.perf_counter()
-            trainer = train_draftsmith(data_file, work / f"ds-{steps}-{seed}", steps, seed, args.overrides)
-            row["draftsmith_train_s"] = time.perf_counter() - t0
             if "draftsmith" in peers:
+                t0 = time.perf_counter()
+                trainer = train_draftsmith(data_file, work / f"ds-{steps}-{seed}", steps, seed, args.overrides)
+                row["draftsmith_train_s"] = time.perf_counter() - t0
                 row["draftsmith_tau"] = teacher_forced_tau(draftsmith_chain, trainer.drafter, target, evalset, k)
                 row["draftsmith_loop_tau"], row["draftsmith_lossless"] = loop_tau(trainer.drafter, target, evalset, k)
                 row["trainable_params"] = sum(p.numel() for p in trainer.drafter.trainable_parameters())

@@ -47,7 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="greedy speculative output must equal target-only greedy output on every prompt")
     p.add_argument("--data-dir", type=Path, default=None, help="workload data (default ../shared/data or $DRAFTSMITH_DATA)")
     p.add_argument("--prompt-format", choices=workloads.PROMPT_FORMATS, default="auto",
-                   help="auto: chat template if the tokenizer has one, else raw text")
+                   help="auto: a checkpoint's training format (its recipe's chat template or draftsmith's "
+                        "plain chat format; raw for text-trained drafters); other proposers: the chat template "
+                        "if the tokenizer has one, else raw text")
     p.add_argument("--dtype", default=None, help="target dtype (default float32, or the checkpoint's)")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", type=Path, default=None, help="results JSON path (default results/<name>-<time>.json)")
@@ -69,6 +71,7 @@ def _load(args):
         identity = {"kind": loaded.meta.get("kind", drafter.kind), "name": Path(args.path).resolve().parent.name,
                     "path": str(args.path), "fingerprint": results.module_fingerprint(drafter, drafter.state_dict_for_export()),
                     "num_params": sum(t.numel() for t in drafter.state_dict_for_export().values()),
+                    "trainable_params": sum(p.numel() for p in drafter.trainable_parameters()),
                     "training_log": str(log) if log.exists() else None}
         return target, proposers.from_drafter(drafter, target), identity
     if not args.target:
@@ -93,18 +96,23 @@ def main(args: argparse.Namespace) -> int:
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     names = workloads.expand([w.strip() for w in args.workloads.split(",") if w.strip()])
     target, proposer, drafter_id = _load(args)
+    recipe = _recipe_dict(args.path) if args.path else None
+    prompt_format = args.prompt_format
+    if args.path and prompt_format == "auto":  # the format the drafter was trained with
+        prompt_format = workloads.training_prompt_format(recipe, target.tokenizer)
+        print(f"[eval] prompt format: {prompt_format} (as in training; --prompt-format overrides)", flush=True)
     settings = runner.EvalSettings(
         k=args.k, max_new_tokens=args.max_new_tokens, sampling=sampling, num_prompts=args.num_prompts or None,
-        warmup=args.warmup, seed=args.seed, prompt_format=args.prompt_format, data_dir=args.data_dir,
+        warmup=args.warmup, seed=args.seed, prompt_format=prompt_format, data_dir=args.data_dir,
         check_lossless=args.check_lossless)
     rule = rule_name(sampling)
     config = {"k": args.k, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
               "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts, "seed": args.seed,
               "warmup": args.warmup, "dtype": str(target.dtype).removeprefix("torch."), "device": str(target.device),
-              "verification": rule, "lossless_rule": VERIFICATION_RULES[rule], "prompt_format": args.prompt_format,
+              "verification": rule, "lossless_rule": VERIFICATION_RULES[rule], "prompt_format": prompt_format,
               "eos_ids": target.eos_ids, "workloads": names, "first_turn_only": True}
     if args.path:
-        config["recipe"] = _recipe_dict(args.path)
+        config["recipe"] = recipe
     torch.manual_seed(args.seed)
     per_workload = {}
     for name in names:

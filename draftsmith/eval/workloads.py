@@ -164,6 +164,17 @@ def load(name: str, data_dir: Path | str | None = None, num_prompts: int | None 
     return select(WORKLOADS.get(name)(data_dir), num_prompts)
 
 
+def training_prompt_format(recipe: dict | None, tokenizer) -> str:
+    """The prompt format a checkpoint's drafter saw in training, which `--prompt-format auto` uses for it:
+    plain text data -> raw; chat data -> the tokenizer's chat template when the recipe used it, else
+    draftsmith's plain chat format (what training renders for a target without a template)."""
+    data = (recipe or {}).get("data") or {}
+    if data.get("format") == "text":
+        return "raw"
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    return "chat" if has_template and data.get("chat_template", "auto") == "auto" else "plain"
+
+
 def encode(item: dict, tokenizer, prompt_format: str = "auto", max_tokens: int | None = None) -> tuple[torch.Tensor, bool]:
     """item -> ([n] prompt ids, truncated?).
 

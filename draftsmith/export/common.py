@@ -252,8 +252,9 @@ EAGLE3_LAYER_TENSORS = (
 
 
 def eagle3_tensor_spec(llama: dict, draft_vocab: int, num_aux: int, target_hidden: int, layer_prefix: str,
-                       dtype: torch.dtype, with_t2d: bool, with_embed: bool) -> dict[str, TensorSpec]:
-    """Shapes every EAGLE-3 tensor must have, from the config's Llama fields alone."""
+                       dtype: torch.dtype, with_t2d: bool, with_embed: bool, fc_norm: bool = False) -> dict[str, TensorSpec]:
+    """Shapes every EAGLE-3 tensor must have, from the config's Llama fields alone (fc_norm: EAGLE 3.1's
+    per-aux-layer norms fc_norm.{i}.weight, as vLLM, SGLang and TensorRT-LLM name them)."""
     h, V = llama["hidden_size"], llama["vocab_size"]
     q = llama["num_attention_heads"] * llama["head_dim"]
     kv = llama["num_key_value_heads"] * llama["head_dim"]
@@ -275,11 +276,34 @@ def eagle3_tensor_spec(llama: dict, draft_vocab: int, num_aux: int, target_hidde
         "lm_head.weight": TensorSpec((draft_vocab, h), dtype),
         "d2t": TensorSpec((draft_vocab,), torch.int64),
     }
+    if fc_norm:
+        spec.update({f"fc_norm.{i}.weight": TensorSpec((target_hidden,), dtype) for i in range(num_aux)})
     if with_t2d:
         spec["t2d"] = TensorSpec((V,), torch.bool)
     if with_embed:
         spec["embed_tokens.weight"] = TensorSpec((V, h), dtype)
     return spec
+
+
+def eagle3_norm_fields(drafter, engine: str) -> dict:
+    """EAGLE 3.1's config fields for an engine that reads fc_norm and norm_output (SGLang, TensorRT-LLM)
+    but has no norm_before_residual: a drafter trained with it would run differently there, so refuse."""
+    if drafter.cfg.norm_before_residual:
+        raise ValueError(
+            f"this EAGLE-3 drafter was trained with drafter.norm_before_residual=true, which {engine} cannot run "
+            "(its draft layer always adds the raw hidden state as the residual): export it with --to vllm, "
+            "or retrain with drafter.norm_before_residual=false for this engine")
+    return {"fc_norm": bool(drafter.cfg.fc_norm), "norm_output": bool(drafter.cfg.norm_output)}
+
+
+def eagle3_norm_problems(config: dict, drafter) -> list[str]:
+    """config.json's EAGLE 3.1 fields against the trained drafter's options."""
+    problems = []
+    for key in ("norm_before_residual", "fc_norm", "norm_output"):
+        if key in config and config[key] is not getattr(drafter.cfg, key):
+            problems.append(f"config.json: {key} is {config[key]!r} but the drafter was trained with "
+                            f"drafter.{key}={getattr(drafter.cfg, key)!r}")
+    return problems
 
 
 def eagle3_weights(loaded, dtype: torch.dtype) -> dict[str, torch.Tensor]:

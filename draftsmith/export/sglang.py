@@ -27,6 +27,8 @@ from draftsmith.export.common import (
     ExportOptions,
     TensorSpec,
     eagle3_from_weights,
+    eagle3_norm_fields,
+    eagle3_norm_problems,
     eagle3_tensor_spec,
     eagle3_weights,
     export_dtype,
@@ -59,6 +61,7 @@ class SGLangExporter(Exporter):
             **llama_fields(d.layer_config, target.config, dtype),
             "draft_vocab_size": int(d.d2t.shape[0]),
             "target_hidden_size": target.hidden_size,
+            **eagle3_norm_fields(d, "SGLang"),  # EAGLE 3.1: fc_norm, norm_output (top-level fields)
             "eagle_config": {
                 "eagle_aux_hidden_state_layer_ids": output_of_layer_ids(d.aux_layer_ids, "SGLang"),
                 "use_aux_hidden_state": True,
@@ -76,10 +79,11 @@ class SGLangExporter(Exporter):
         return eagle3_tensor_spec(
             config, config["draft_vocab_size"], len(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
             config["target_hidden_size"], "midlayer.", DTYPES[config["torch_dtype"]], with_t2d=True, with_embed=False,
+            fc_norm=bool(config.get("fc_norm")),
         )
 
     def check_format(self, export_dir: Path, config: dict, tensors: dict, loaded) -> list[str]:
-        problems = []
+        problems = eagle3_norm_problems(config, loaded.drafter)
         if config["architectures"] != ["LlamaForCausalLMEagle3"]:
             problems.append(f"config.json: architectures {config['architectures']} != ['LlamaForCausalLMEagle3']")
         if config["tie_word_embeddings"]:

@@ -30,6 +30,8 @@ from draftsmith.export.common import (
     ExportOptions,
     TensorSpec,
     eagle3_from_weights,
+    eagle3_norm_fields,
+    eagle3_norm_problems,
     eagle3_tensor_spec,
     eagle3_weights,
     export_dtype,
@@ -68,6 +70,7 @@ class TRTLLMExporter(Exporter):
             **llama,
             "draft_vocab_size": int(d.d2t.shape[0]),
             "target_hidden_size": target.hidden_size,
+            **eagle3_norm_fields(d, "TensorRT-LLM"),  # EAGLE 3.1: fc_norm, norm_output (top-level fields)
             "eagle_config": {
                 "eagle_aux_hidden_state_layer_ids": ids,
                 "use_aux_hidden_state": True,
@@ -106,10 +109,11 @@ class TRTLLMExporter(Exporter):
         return eagle3_tensor_spec(
             config, config["draft_vocab_size"], len(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
             config["target_hidden_size"], "layers.0.", DTYPES[config["torch_dtype"]], with_t2d=False, with_embed=False,
+            fc_norm=bool(config.get("fc_norm")),
         )
 
     def check_format(self, export_dir: Path, config: dict, tensors: dict, loaded) -> list[str]:
-        problems = []
+        problems = eagle3_norm_problems(config, loaded.drafter)
         if config["architectures"] != ["LlamaForCausalLMEagle3"]:
             problems.append(f"config.json: architectures {config['architectures']} != ['LlamaForCausalLMEagle3']")
         want = [i - 1 for i in loaded.drafter.aux_layer_ids]

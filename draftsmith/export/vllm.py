@@ -2,12 +2,13 @@
 
 EAGLE-3 (speculators 0.9.0 Eagle3SpeculatorConfig; vLLM's transformers_utils/configs/speculators):
   config.json  speculators_model_type "eagle3", architectures ["Eagle3Speculator"], draft_vocab_size,
-               norm_before_residual (written false: vLLM defaults a missing one to TRUE), target_hidden_size,
+               norm_before_residual, fc_norm, norm_output (EAGLE 3.1, from the drafter's options; all written
+               explicitly: vLLM defaults a missing norm_before_residual to TRUE), target_hidden_size,
                eagle_aux_hidden_state_layer_ids (vLLM ids = draftsmith ids: the input of layer i),
                transformer_layer_config (the draft layer's Llama config, rope and max positions from the
                target), speculators_config {algorithm, default_proposal_method, proposal_methods
                [{proposal_type, speculative_tokens, ...}], verifier {architectures, name_or_path}}
-  tensors      layers.0.* instead of midlayer.*, fc, norm, lm_head, d2t, t2d, and embed_tokens.weight (the
+  tensors      layers.0.* instead of midlayer.*, fc, fc_norm.{i} (fc_norm only), norm, lm_head, d2t, t2d, and embed_tokens.weight (the
                target's, as speculators' own save writes it: its loader leaves NaN embeddings otherwise)
       vllm serve VERIFIER --speculative-config '{"model": OUT, "num_speculative_tokens": K, "method": "eagle3"}'
 Medusa (vllm/model_executor/models/medusa.py): model_type "medusa", num_heads, num_hidden_layers,
@@ -42,6 +43,7 @@ from draftsmith.export.common import (
     cast_floats,
     dtype_name,
     eagle3_from_weights,
+    eagle3_norm_problems,
     eagle3_tensor_spec,
     eagle3_weights,
     export_dtype,
@@ -113,10 +115,11 @@ class VLLMExporter(Exporter):
             "speculators_model_type": "eagle3",
             "speculators_version": SPECULATORS_VERSION,
             "draft_vocab_size": int(d.d2t.shape[0]),
-            "norm_before_residual": False,  # draftsmith's residual is the raw hidden state
+            # written explicitly: vLLM defaults a missing norm_before_residual to true
+            "norm_before_residual": bool(d.cfg.norm_before_residual),
             "norm_before_fc": False,
-            "fc_norm": False,
-            "norm_output": False,
+            "fc_norm": bool(d.cfg.fc_norm),
+            "norm_output": bool(d.cfg.norm_output),
             "target_hidden_size": target.hidden_size,
             "eagle_aux_hidden_state_layer_ids": list(d.aux_layer_ids),
             "transformer_layer_config": layer,
@@ -195,7 +198,7 @@ class VLLMExporter(Exporter):
             return eagle3_tensor_spec(
                 config["transformer_layer_config"], config["draft_vocab_size"],
                 len(config["eagle_aux_hidden_state_layer_ids"]), config["target_hidden_size"], "layers.0.", dtype,
-                with_t2d=True, with_embed=True,
+                with_t2d=True, with_embed=True, fc_norm=bool(config.get("fc_norm")),
             )
         if kind == "medusa":
             h, V = config["hidden_size"], config["truncated_vocab_size"]
@@ -220,8 +223,9 @@ class VLLMExporter(Exporter):
         problems = []
         if config["architectures"] != ["Eagle3Speculator"] or config["speculators_model_type"] != "eagle3":
             problems.append("config.json: needs architectures ['Eagle3Speculator'] and speculators_model_type 'eagle3'")
-        if config["norm_before_residual"] is not False:
-            problems.append("config.json: norm_before_residual must be false for draftsmith's EAGLE-3 layer")
+        problems += eagle3_norm_problems(config, loaded.drafter)
+        if config.get("norm_before_fc"):
+            problems.append("config.json: norm_before_fc must be false (draftsmith's EAGLE-3 has no input_norm)")
         if config["eagle_aux_hidden_state_layer_ids"] != list(loaded.drafter.aux_layer_ids):
             problems.append(f"config.json: eagle_aux_hidden_state_layer_ids {config['eagle_aux_hidden_state_layer_ids']}"
                             f" != the trained feature layers {loaded.drafter.aux_layer_ids}")

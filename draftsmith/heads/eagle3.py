@@ -129,9 +129,10 @@ class Eagle3Drafter(Drafter):
         from draftsmith.data import draft_vocab
 
         aux = cls.feature_layers_for(cfg, target)
-        bad = [i for i in aux if not 0 <= i < target.num_layers]
+        bad = [i for i in aux if not 0 <= i <= target.num_layers]
         if bad:
-            raise ValueError(f"drafter.aux_layer_ids {aux}: ids must lie in 0..{target.num_layers - 1} for this target")
+            raise ValueError(f"drafter.aux_layer_ids {aux}: ids must lie in 0..{target.num_layers} for this target "
+                             f"({target.num_layers} = the final, post-norm hidden state)")
         layer_cfg = draft_layer_config(target.config, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size)
         V = target.vocab_size
         dv = cfg.draft_vocab_size or V
@@ -226,7 +227,7 @@ class Eagle3Drafter(Drafter):
         in_vocab = self.t2d[target_top]  # [b, s]
         hard = self.t2d.long().cumsum(0).sub(1)[target_top].clamp_min(0)  # [b, s] draft id of the argmax
         if cfg.mask_out_of_vocab:
-            mask[:, :s] = mask[:, :s] * in_vocab.float()
+            mask[:, 1:] = mask[:, 1:] * in_vocab.float()  # mask[i + 1] is the label at position i
         total = label_logits.new_zeros(())
         sums: dict[str, torch.Tensor] = {}
         num_tokens = int(mask[:, 2:].sum())

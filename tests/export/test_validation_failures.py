@@ -82,9 +82,9 @@ def test_default_position_limit(good, eagle3_loaded, tmp_path):
 def test_vllm_norm_before_residual_and_embedding(good, eagle3_loaded, tmp_path):
     def bad(t):
         t["embed_tokens.weight"] = torch.zeros_like(t["embed_tokens.weight"])
-    d = tampered(good["vllm"], tmp_path, edit_tensors=bad, edit_config=lambda c: c.update(norm_before_residual=True))
+    d = tampered(good["vllm"], tmp_path, edit_tensors=bad, edit_config=lambda c: c.update(norm_before_residual=not c["norm_before_residual"]))
     msg = problems_of(d, "vllm", eagle3_loaded)
-    assert "norm_before_residual must be false" in msg and "embed_tokens.weight differs" in msg
+    assert "config.json: norm_before_residual is" in msg and "embed_tokens.weight differs" in msg
 
 
 def test_round_trip_catches_changed_weights(good, eagle3_loaded, tmp_path):

@@ -14,11 +14,11 @@ from draftsmith.target import TargetOutput
 from draftsmith.testing import tiny_target
 
 
-def make(ttt_steps=3, draft_vocab_size=None, seed=0):
+def make(ttt_steps=3, draft_vocab_size=None, seed=0, **options):
     target = tiny_target(num_layers=4, hidden=32, seed=seed)
     torch.manual_seed(seed + 1)
     counts = torch.randint(0, 50, (target.vocab_size,))
-    cfg = Eagle3Drafter.Config(ttt_steps=ttt_steps, draft_vocab_size=draft_vocab_size)
+    cfg = Eagle3Drafter.Config(ttt_steps=ttt_steps, draft_vocab_size=draft_vocab_size, **options)
     drafter = Eagle3Drafter.from_target(cfg, target, counts)
     with torch.no_grad():  # move the drafter away from its init so the test is not trivially symmetric
         for p in drafter.trainable_parameters():
@@ -37,15 +37,21 @@ def batch_for(target, drafter, b=2, s=12, seed=0):
 
 
 def reference_loss(drafter, batch):
-    """Per position and per step, with explicit key lists (no masks, no batching tricks)."""
-    d, layer = drafter, drafter.midlayer
+    """Per position and per step, with explicit key lists (no masks, no batching tricks), for every
+    option: norm_before_residual, fc_norm, norm_output, hard_label_weight, mask_out_of_vocab."""
+    d, layer, c = drafter, drafter.midlayer, drafter.cfg
     attn = layer.self_attn
     ids, b, s = batch["input_ids"], *batch["input_ids"].shape
     mask = (batch["loss_mask"] * batch["attention_mask"]).float()
+    draft_list = d.draft_ids().tolist()
     p_all = torch.softmax(batch["target_logits"].float()[..., d.draft_ids()], -1)
     total = 0.0
     for row in range(b):
-        hidden = d.fc(batch["aux_hidden_states"][row : row + 1])  # [1, s, h]
+        aux = batch["aux_hidden_states"][row : row + 1]
+        if c.fc_norm:
+            h = aux.shape[-1] // len(d.aux_layer_ids)
+            aux = torch.cat([d.fc_norm[i](aux[..., i * h : (i + 1) * h]) for i in range(len(d.aux_layer_ids))], -1)
+        hidden = d.fc(aux)  # [1, s, h]
         keys = {}  # (step, position) -> (k, v) each [KV, hd]
         for t in range(d.cfg.ttt_steps):
             n = s - 1 - t
@@ -67,14 +73,25 @@ def reference_loss(drafter, batch):
                     w = torch.softmax(scores, 0)
                     heads.append(sum(wi * vv[kv] for wi, (_, vv) in zip(w, visible)))
                 o = attn.o_proj(torch.cat(heads).view(1, 1, -1))
-                h1 = hidden[:, j : j + 1] + o
-                outs.append(h1 + layer.mlp(layer.post_attention_layernorm(h1)))
+                residual = layer.hidden_norm(hidden[:, j : j + 1]) if c.norm_before_residual else hidden[:, j : j + 1]
+                h1 = residual + o
+                h2 = h1 + layer.mlp(layer.post_attention_layernorm(h1))
+                outs.append(d.norm(h2) if c.norm_output else h2)
             hidden = torch.cat(outs, 1)
-            logq = torch.log_softmax(d.lm_head(d.norm(hidden)).float(), -1)[0]  # [n, dv]
+            normed = hidden if c.norm_output else d.norm(hidden)
+            logq = torch.log_softmax(d.lm_head(normed).float(), -1)[0]  # [n, dv]
             for j in range(n):
-                if 2 + t + j < s and mask[row, 2 + t + j] > 0:
-                    p = p_all[row, 1 + t + j]
-                    total += (d.cfg.step_decay**t) * float((p * (p.clamp_min(1e-20).log() - logq[j])).sum())
+                label = 1 + t + j  # the target's distribution for the token this position predicts
+                top = int(batch["target_logits"][row, label].argmax())
+                if label + 1 >= s:  # no token past the end
+                    continue
+                if mask[row, label + 1] == 0 or (c.mask_out_of_vocab and top not in draft_list):
+                    continue
+                p = p_all[row, label]
+                kl = float((p * (p.clamp_min(1e-20).log() - logq[j])).sum())
+                ce = -float(logq[j, draft_list.index(top)]) if top in draft_list else 0.0
+                w = c.hard_label_weight
+                total += (c.step_decay**t) * ((1 - w) * kl + w * ce)
     return total
 
 
@@ -88,6 +105,56 @@ def test_ttt_loss_matches_hand_written_reference(draft_vocab_size):
     assert got.loss.item() == pytest.approx(want, rel=1e-4)
     assert got.num_tokens == int((batch["loss_mask"] * batch["attention_mask"])[:, 2:].sum())
     assert set(got.metrics) >= {"acc_0", "acc_1", "acc_2"}
+
+
+OPTION_CASES = [
+    {"norm_before_residual": True},
+    {"fc_norm": True},
+    {"norm_output": True},
+    {"hard_label_weight": 1.0, "draft_vocab_size": 100},
+    {"hard_label_weight": 0.3, "draft_vocab_size": 100, "mask_out_of_vocab": True},
+    {"mask_out_of_vocab": True, "draft_vocab_size": 100, "step_decay": 0.7},
+    {"norm_before_residual": True, "fc_norm": True, "norm_output": True, "init_std": 0.02},
+]
+
+
+@pytest.mark.parametrize("options", OPTION_CASES, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+def test_options_loss_matches_hand_written_reference(options):
+    """Each EAGLE-3 option changes the loss exactly as the per-position reference says."""
+    options = dict(options)
+    target, drafter = make(ttt_steps=3, draft_vocab_size=options.pop("draft_vocab_size", None), **options)
+    batch = batch_for(target, drafter)
+    with torch.no_grad():
+        if drafter.cfg.fc_norm:  # non-trivial norm weights, so fc_norm is not the identity scale
+            for norm in drafter.fc_norm:
+                norm.weight.mul_(torch.linspace(0.5, 1.5, norm.weight.numel()))
+        got = drafter.forward_loss(batch)
+        want = reference_loss(drafter, batch)
+    assert got.loss.item() == pytest.approx(want, rel=1e-4)
+
+
+def test_mask_out_of_vocab_drops_exactly_those_positions():
+    target, drafter = make(ttt_steps=1, draft_vocab_size=100, mask_out_of_vocab=True)
+    batch = batch_for(target, drafter)
+    top = batch["target_logits"].argmax(-1)  # [b, s]
+    m = (batch["loss_mask"] * batch["attention_mask"]).clone()
+    m[:, 1:] *= drafter.t2d[top[:, :-1]].long()  # token j + 1 is predicted from the label at j
+    assert drafter.forward_loss(batch).num_tokens == int(m[:, 2:].sum())
+    assert int(m[:, 2:].sum()) < int((batch["loss_mask"] * batch["attention_mask"])[:, 2:].sum())
+
+
+def test_frozen_lm_head_keeps_the_target_rows():
+    target, drafter = make(ttt_steps=2, draft_vocab_size=100, freeze_lm_head=True)
+    assert not drafter.lm_head.weight.requires_grad
+    assert all(p is not drafter.lm_head.weight for p in drafter.trainable_parameters())
+
+
+def test_option_ranges_are_reported():
+    cfg = Eagle3Drafter.Config(ttt_steps=0, step_decay=1.5, hard_label_weight=2.0, lm_head_init="random",
+                               freeze_lm_head=True)
+    text = "\n".join(cfg.problems())
+    for key in ("ttt_steps", "step_decay", "hard_label_weight", "freeze_lm_head"):
+        assert f"drafter.{key}" in text
 
 
 def test_loss_is_differentiable_and_target_untouched():
