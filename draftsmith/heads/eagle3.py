@@ -139,6 +139,7 @@ class Eagle3Drafter(Drafter):
         step_kv: list = []
         total = hidden.new_zeros((), dtype=torch.float32)
         metrics: dict[str, float] = {}
+        weights: dict[str, float] = {}
         num_tokens = int(mask[:, 2:].sum())
         for t in range(self.cfg.ttt_steps):  # 3.
             n = s - 1 - t
@@ -156,7 +157,8 @@ class Eagle3Drafter(Drafter):
                 denom = m.sum().clamp_min(1.0)
                 metrics[f"acc_{t}"] = float((hit * m).sum() / denom)
                 metrics[f"loss_{t}"] = float((kl * m).sum() / denom)
-        return StepOutput(loss=total, metrics=metrics, num_tokens=num_tokens)
+                weights[f"acc_{t}"] = weights[f"loss_{t}"] = float(m.sum())  # pooled by tokens
+        return StepOutput(loss=total, metrics=metrics, weights=weights, num_tokens=num_tokens)
 
     # ------------------------------------------------------------------ inference
     def make_proposer(self, target) -> "Eagle3Proposer":

@@ -140,9 +140,11 @@ class ParallelContext:
         else:
             loss.backward()
 
-    def optimizer_step(self, optimizer, params: list, global_tokens: float, max_grad_norm: float) -> float:
+    def optimizer_step(self, optimizer, params: list, global_tokens: float, max_grad_norm: float,
+                       scaler=None) -> float:
         """Turn accumulated gradients of loss sums into d(mean over global loss tokens), clip, step.
-        Returns the gradient norm before clipping."""
+        Returns the gradient norm before clipping. `scaler` (fp16): a torch GradScaler whose scaled
+        losses were backpropagated; gradients are unscaled first and a step with inf/nan is skipped."""
         scale = self.grad_scale(global_tokens)
         if self.backend == "deepspeed":
             engine = self.model
@@ -151,13 +153,19 @@ class ParallelContext:
             engine.optimizer.override_loss_scale(1.0)
             norm = engine.get_global_grad_norm()
             return float(norm) if norm is not None else float("nan")
+        if scaler is not None:
+            scaler.unscale_(optimizer)  # fp16: divide out the loss scale (records inf/nan)
         for p in params:
             if p.grad is not None:
                 p.grad.mul_(scale)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
             grad_norm = grad_norm.full_tensor()
-        optimizer.step()
+        if scaler is not None:
+            scaler.step(optimizer)  # skipped when the gradients overflowed
+            scaler.update()
+        else:
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return float(grad_norm)
 
