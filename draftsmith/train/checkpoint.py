@@ -286,7 +286,7 @@ def load_drafter(path: str | Path, device: str | None = None, target=None,
             target_cfg.device = device
         target = target_mod.from_config(target_cfg)
     expected = meta["target"]["fingerprint"]
-    if target.fingerprint != expected:
+    if not target.matches(expected):
         raise ValueError(
             f"{path} was trained for target {meta['target']['name']} (fingerprint {expected}), "
             f"but the loaded target {target.name} has fingerprint {target.fingerprint}; load the same target"
