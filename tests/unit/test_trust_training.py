@@ -14,7 +14,7 @@ import yaml
 
 from draftsmith import target as target_mod
 from draftsmith.train import checkpoint, parallel
-from draftsmith.train.loop import Trainer, grad_scaler_for, lr_lambda, train
+from draftsmith.train.loop import Trainer, lr_lambda, train
 
 
 def _metrics(out_dir) -> list[dict]:
@@ -120,6 +120,8 @@ def test_changed_lr_on_resume_is_applied(tiny_run, capsys):
 
 
 def test_fp16_gets_a_gradient_scaler_that_recovers_underflowing_gradients(tiny_run):
+    from draftsmith.train.loop import grad_scaler_for
+
     assert grad_scaler_for(tiny_run("a").train, torch.device("cpu")) is None  # fp32: none needed
     fp16 = tiny_run("fp16", "train.precision=fp16", "train.max_steps=2")
     trainer = Trainer(fp16)
@@ -145,6 +147,8 @@ def test_fp16_gets_a_gradient_scaler_that_recovers_underflowing_gradients(tiny_r
 
 
 def test_fp16_with_a_sharded_backend_is_refused(tiny_run):
+    from draftsmith.train.loop import grad_scaler_for
+
     cfg = tiny_run("x", "train.precision=fp16")
     cfg.train.backend = "fsdp2"
     with pytest.raises(ValueError, match="fp16 is not supported with train.backend=fsdp2.*bf16"):
