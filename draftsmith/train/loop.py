@@ -192,9 +192,12 @@ class Trainer:
         if not old or self.resume_path is not None:
             return
         if not overwrite:
+            held = f"{', '.join(old[:4])}{', ...' if len(old) > 4 else ''}"
+            how = (f"train.resume=true found no step checkpoint there: resume from a path "
+                   f"(train.resume={self.output_dir / 'final'})" if self.cfg.train.resume is True
+                   else "continue it with train.resume=true")
             raise FileExistsError(
-                f"train.output_dir {self.output_dir} already holds a run ({', '.join(old[:4])}"
-                f"{', ...' if len(old) > 4 else ''}): continue it with train.resume=true, start over with "
+                f"train.output_dir {self.output_dir} already holds a run ({held}): {how}, start over with "
                 "--overwrite (deletes those files), or set train.output_dir to a new directory")
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"--overwrite: removing {', '.join(old)} from {self.output_dir}", flush=True)

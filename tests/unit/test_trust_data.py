@@ -173,3 +173,10 @@ def test_the_key_never_goes_over_plain_http_to_another_host(monkeypatch):
         regenerate.HTTPGenerator(RegenerateConfig(generator="openai", endpoint=url), DataConfig())
     monkeypatch.delenv("DRAFTSMITH_API_KEY")
     regenerate.HTTPGenerator(RegenerateConfig(generator="openai", endpoint="http://example.com/v1"), DataConfig())
+
+
+def test_torchrun_relaunch_keeps_the_command_line_only_flags():
+    from draftsmith.train import launch
+
+    cmd = launch.torchrun_command(2, "r.yaml", ["train.backend=ddp"], overwrite=True, api_key_env="MY_KEY")
+    assert cmd[-5:] == ["r.yaml", "--overwrite", "--api-key-env", "MY_KEY", "train.backend=ddp"]
