@@ -65,10 +65,10 @@ def check_out_dir(out: Path, source: Path | None, overwrite: bool) -> bool:
                              "write the export to a new directory, e.g. --out exported/NAME")
         if src in out.parents:
             raise ValueError(f"--out {out} lies inside the source checkpoint {source}; choose a directory outside it")
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file; give a directory")
     if not out.exists() or not any(out.iterdir()):
         return False
-    if not out.is_dir():
-        raise FileExistsError(f"--out {out} is a file; give a directory")
     if not overwrite:
         raise FileExistsError(f"{out} exists and is not empty; pass --overwrite to replace a previous export "
                               "there, or choose a new --out")

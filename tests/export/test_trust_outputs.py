@@ -13,9 +13,8 @@ import yaml
 from draftsmith import target as target_mod
 from draftsmith.cli import main as cli_main
 from draftsmith.export import export
+from draftsmith.testing import tiny_target
 from draftsmith.train import checkpoint
-
-from conftest import save_tiny_target
 
 
 def _tree(directory: Path) -> dict[str, bytes]:
@@ -81,9 +80,12 @@ def test_eval_checkpoint_with_target_runs_on_that_target_after_the_fingerprint_c
             "--warmup", "0", "--device", "cpu", "--out", str(out)]
     assert cli_main(args + ["--target", str(copy)]) == 0
     assert json.loads(out.read_text())["target"]["path"] == str(copy)
-    other = save_tiny_target(tmp_path / "other", seed=3)
+    other = tmp_path / "other"  # another model of the same shape
+    tiny = tiny_target(num_layers=4, hidden=32, seed=3)
+    tiny.model.save_pretrained(other)
+    tiny.tokenizer.save_pretrained(other)
     with pytest.raises(ValueError, match="was trained for target .* fingerprint"):
-        cli_main(args + ["--target", other])
+        cli_main(args + ["--target", str(other)])
 
 
 def test_revision_reaches_hub_loads(monkeypatch):
