@@ -162,6 +162,17 @@ def check_endpoint(endpoint: str, has_key: bool) -> None:
                          f"{url.hostname}; use https://, or a server on localhost")
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Redirects are not followed (urllib would resend the Authorization header to the new URL,
+    plain http or another host included); a 3xx answer becomes an HTTP error."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 class HTTPGenerator:
     """An OpenAI-compatible server: {endpoint}/chat/completions, or /completions with the
     prompt rendered by draftsmith (regenerate.api = completions; needs the target tokenizer).
@@ -190,7 +201,7 @@ class HTTPGenerator:
             headers["Authorization"] = f"Bearer {self.key}"
         url = self.rcfg.endpoint.rstrip("/") + path
         req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers=headers, method="POST")
-        with urllib.request.urlopen(req, timeout=self.rcfg.timeout_s) as resp:
+        with _OPENER.open(req, timeout=self.rcfg.timeout_s) as resp:
             return json.loads(resp.read().decode())
 
     def _one(self, history: list[dict]) -> Result:

@@ -14,7 +14,6 @@ from draftsmith import target as target_mod
 from draftsmith.cli import main as cli_main
 from draftsmith.export import export
 from draftsmith.testing import tiny_target
-from draftsmith.train import checkpoint
 
 
 def _tree(directory: Path) -> dict[str, bytes]:

@@ -122,6 +122,12 @@ class _Stub(BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802 (http.server API)
         self.rfile.read(int(self.headers["Content-Length"]))
         _Stub.seen.append((self.headers.get("Authorization"), len(_Stub.log_lines)))
+        if self.path.startswith("/redirect"):  # e.g. to plain http on another host
+            self.send_response(302)
+            self.send_header("Location", "/v1/chat/completions")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         payload = json.dumps({"choices": [{"message": {"role": "assistant", "content": "ok"}}]}).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(payload)))
@@ -162,6 +168,13 @@ def test_the_key_comes_only_from_the_command_line_or_draftsmith_api_key(stub, mo
     assert "API key: $MY_KEY (--api-key-env)" in _Stub.log_lines[-1] and "chosen" not in _Stub.log_lines[-1]
     with pytest.raises(ValueError, match="--api-key-env UNSET_VAR: the environment variable UNSET_VAR is not set"):
         _ask(stub, api_key_env="UNSET_VAR")
+
+
+def test_redirects_are_not_followed_with_the_key(stub, monkeypatch):
+    monkeypatch.setenv("DRAFTSMITH_API_KEY", "secret")
+    (res,) = _ask(stub.replace("/v1", "/redirect"))
+    assert res.status == "error" and "HTTP 302" in res.reason
+    assert len(_Stub.seen) == 1  # the redirect target never saw the key
 
 
 def test_the_key_never_goes_over_plain_http_to_another_host(monkeypatch):
