@@ -228,10 +228,32 @@ class ParallelContext:
         if not (engine_dir / "state").exists():
             raise FileNotFoundError(f"{engine_dir}/state is missing: {directory} was not written by the deepspeed "
                                     "backend; resume with the backend that wrote it, or warm start with train.init_from")
+        check_engine_files(engine_dir)  # DeepSpeed itself unpickles them with weights_only=False
         load_path, _ = self.model.load_checkpoint(str(engine_dir), tag="state", load_optimizer_states=True,
                                                   load_lr_scheduler_states=False)
         if load_path is None:
             raise RuntimeError(f"DeepSpeed could not load {engine_dir}/state")
+
+
+def check_engine_files(engine_dir: Path) -> None:
+    """DeepSpeed loads its checkpoint files with torch.load(weights_only=False), which runs any code a
+    received file plants. Read each file first with weights_only=True, allowing only the three
+    DeepSpeed classes its ZeRO states hold, and refuse the checkpoint when anything else is inside."""
+    import pickle
+
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    for file in sorted(Path(engine_dir).rglob("*.pt")):
+        try:
+            with torch.serialization.safe_globals([LossScaler, ZeroStageEnum, fragment_address]):
+                torch.load(file, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"{file} holds objects other than tensors, plain data and DeepSpeed's ZeRO state, which "
+                             f"could run code when loaded ({first}); refused. Resume only from checkpoints written "
+                             "by this draftsmith, or warm start from the weights with train.init_from") from None
 
 
 def _cpu_state(module: nn.Module) -> dict[str, torch.Tensor]:

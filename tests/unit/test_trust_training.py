@@ -176,3 +176,18 @@ def test_logged_per_position_accuracy_is_weighted_by_tokens(tiny_run):
             assert metrics[f"{key}_{t}"] == pytest.approx(pooled, rel=1e-9), (key, t)
     plain = sum(m["loss_0"] for m, _ in seen) / len(seen)  # the old unweighted mean
     assert abs(metrics["loss_0"] - plain) > 1e-4 * plain  # this data tells the two apart
+
+
+def test_deepspeed_engine_files_are_checked_before_deepspeed_unpickles_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    state = tmp_path / "engine" / "state"
+    state.mkdir(parents=True)
+    torch.save({"zero_stage": ZeroStageEnum(2), "flat": [torch.zeros(3)]}, state / "zero_pp_rank_0_optim_states.pt")
+    parallel.check_engine_files(tmp_path / "engine")  # what DeepSpeed writes passes
+    marker = tmp_path / "pwned.txt"
+    torch.save({"optimizer_state_dict": _Payload(marker)}, state / "mp_rank_00_model_states.pt")
+    with pytest.raises(ValueError, match="mp_rank_00_model_states.pt holds objects other than.*refused"):
+        parallel.check_engine_files(tmp_path / "engine")
+    assert not marker.exists()
