@@ -62,6 +62,11 @@ def _load(args):
     """-> (target, proposer, drafter identity dict)."""
     from draftsmith import target as target_mod
 
+    if args.revision and not args.target:
+        raise SystemExit("--revision names a revision of --target; give --target too (a checkpoint's own target "
+                         "loads at its recipe's target.revision)")
+    if args.draft_revision and not args.draft_model:
+        raise SystemExit("--draft-revision names a revision of --draft-model; give --draft-model too")
     if args.path:
         if args.draft_model or args.proposer:
             raise SystemExit("give either a checkpoint PATH or --draft-model/--proposer, not both")
