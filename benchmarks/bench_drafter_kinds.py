@@ -31,7 +31,7 @@ def train_kind(kind: str, steps: int, out: Path) -> tuple[Path, float, dict]:
                  *EXTRA.get(kind, [])]
     cfg = config.load(REPO / "recipes" / "debug" / f"{kind}-stories260k.yaml", overrides)
     start = time.perf_counter()
-    result = train(cfg)
+    result = train(cfg, overwrite=True)  # a rerun retrains each kind from scratch in its own run directory
     return result.final_checkpoint, time.perf_counter() - start, result.last_metrics
 
 

@@ -136,7 +136,8 @@ class RegenerateConfig:
     generator: Literal["local", "openai"] = "local"
     endpoint: Optional[str] = None  # e.g. http://127.0.0.1:8000/v1
     model: Optional[str] = None  # model name sent to the endpoint
-    api_key_env: str = "OPENAI_API_KEY"
+    # No API key setting here: a shared recipe must not choose which secret is sent where. The key
+    # comes from `--api-key-env NAME` on the command line or from DRAFTSMITH_API_KEY.
     max_new_tokens: int = 256
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
@@ -241,6 +242,14 @@ def _check(value: Any, tp: Any, where: str, problems: list[str]) -> Any:
     return value
 
 
+# Keys recipes may no longer set, with the reason and the replacement.
+REMOVED_KEYS = {
+    "regenerate.api_key_env": "recipes can no longer name the API key's variable (a shared recipe could send any "
+                              "secret anywhere); remove it and pass --api-key-env NAME on the command line, "
+                              "or set DRAFTSMITH_API_KEY",
+}
+
+
 def _build(cls: type, data: Any, where: str, problems: list[str]) -> Any:
     """Build dataclass `cls` from a mapping, collecting every problem instead of stopping."""
     if data is None:
@@ -253,6 +262,9 @@ def _build(cls: type, data: Any, where: str, problems: list[str]) -> Any:
     kwargs = {}
     for key, value in data.items():
         key_path = f"{where}.{key}" if where else str(key)
+        if key_path in REMOVED_KEYS:
+            problems.append(f"{key_path}: {REMOVED_KEYS[key_path]}")
+            continue
         if key not in names:
             hint = difflib.get_close_matches(str(key), names, n=1)
             tip = f"; did you mean {(where + '.' if where else '') + hint[0]!r}?" if hint else ""

@@ -74,6 +74,7 @@ class Target:
         self.path = path or name  # where it was loaded from, as given
         self.config = model.config
         self._fingerprint: Optional[str] = None
+        self._legacy_fingerprint: Optional[str] = None
 
     # ---- shape facts
     @property
@@ -119,15 +120,35 @@ class Target:
 
     @property
     def fingerprint(self) -> str:
-        """sha256 over the config and, per parameter, its name, shape and first 4096 values."""
+        """sha256 over the config and, per parameter, its name, shape and first 4096 values. The
+        path it was loaded from (config._name_or_path) is left out: a copy of the model elsewhere
+        has the same fingerprint."""
         if self._fingerprint is None:
-            h = hashlib.sha256()
-            h.update(json.dumps(self.config.to_dict(), sort_keys=True, default=str).encode())
-            for name, p in self.model.state_dict().items():
-                h.update(f"{name}:{tuple(p.shape)}".encode())
-                h.update(p.detach().flatten()[:4096].float().cpu().numpy().tobytes())
-            self._fingerprint = h.hexdigest()[:16]
+            self._fingerprint = self._hash(with_path=False)
         return self._fingerprint
+
+    @property
+    def legacy_fingerprint(self) -> str:
+        """The fingerprint as draftsmith computed it before leaving the load path out."""
+        if self._legacy_fingerprint is None:
+            self._legacy_fingerprint = self._hash(with_path=True)
+        return self._legacy_fingerprint
+
+    def matches(self, fingerprint: str | None) -> bool:
+        """Whether a recorded fingerprint names this model (also in the legacy form that checkpoints
+        and caches written before then record)."""
+        return fingerprint == self.fingerprint or fingerprint == self.legacy_fingerprint
+
+    def _hash(self, with_path: bool) -> str:
+        h = hashlib.sha256()
+        config = self.config.to_dict()
+        if not with_path:
+            config.pop("_name_or_path", None)
+        h.update(json.dumps(config, sort_keys=True, default=str).encode())
+        for name, p in self.model.state_dict().items():
+            h.update(f"{name}:{tuple(p.shape)}".encode())
+            h.update(p.detach().flatten()[:4096].float().cpu().numpy().tobytes())
+        return h.hexdigest()[:16]
 
     def identity(self) -> dict:
         """What exports and results record about the verifier."""

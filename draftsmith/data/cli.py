@@ -4,10 +4,13 @@ feature cache.
     draftsmith prepare recipe.yaml regenerate.output=data/regen.jsonl      # regenerate answers
     draftsmith prepare recipe.yaml features.cache_dir=cache/x --features   # build the feature cache
     draftsmith prepare recipe.yaml --limit 100                             # only the first 100 input rows
+    draftsmith prepare recipe.yaml regenerate.generator=openai regenerate.endpoint=https://HOST/v1 \
+        --api-key-env MY_KEY                                               # the server's key from $MY_KEY
 
 Regeneration runs when regenerate.output is set; it reads data.path and writes regenerate.output
 (resumable; rerun the same command after an interruption). --features then builds the cache for
 the recipe's drafter from the data training reads (regenerate.output when set, else data.path).
+Exit status 1 when regeneration answered no row at all (every row failed or was skipped).
 """
 from __future__ import annotations
 
@@ -22,10 +25,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides")
     parser.add_argument("--features", action="store_true", help="build the offline feature cache (features.cache_dir)")
     parser.add_argument("--limit", type=int, default=None, help="regenerate only the first N input rows")
+    parser.add_argument("--api-key-env", default=None, metavar="NAME",
+                        help="regenerate.generator=openai: the environment variable holding the server's API key "
+                             "(default: DRAFTSMITH_API_KEY when set, else no key)")
 
 
-def run_regenerate(cfg, target=None, limit=None, log=print):
-    """Regenerate cfg.data.path into cfg.regenerate.output; returns the RegenSummary."""
+def run_regenerate(cfg, target=None, limit=None, log=print, api_key_env=None):
+    """Regenerate cfg.data.path into cfg.regenerate.output; returns the RegenSummary.
+    api_key_env: the variable named by --api-key-env (the openai generator's key)."""
     from draftsmith.data import regenerate as regen
 
     rc = cfg.regenerate
@@ -38,7 +45,7 @@ def run_regenerate(cfg, target=None, limit=None, log=print):
         tokenizer = None
         if rc.api == "completions":
             tokenizer = target.tokenizer if target is not None else _load_tokenizer(cfg)
-        generator = regen.HTTPGenerator(rc, cfg.data, tokenizer)
+        generator = regen.HTTPGenerator(rc, cfg.data, tokenizer, api_key_env=api_key_env, log=log)
     summary = regen.regenerate(cfg.data.path, generator, rc.output, fmt=cfg.data.format, batch_size=rc.batch_size,
                                limit=limit, log=log)
     log(summary.summary())
@@ -102,7 +109,11 @@ def main(args) -> int:
             from draftsmith import target as target_mod
 
             target = target_mod.from_config(cfg.target)
-        summary = run_regenerate(cfg, target, args.limit)
+        summary = run_regenerate(cfg, target, args.limit, api_key_env=args.api_key_env)
+        if summary.success == 0:
+            print(f"draftsmith prepare: no row was regenerated ({summary.input} read: {summary.error} failed, "
+                  f"{summary.skipped} skipped); see the reasons above", file=sys.stderr)
+            return 1
         if summary.error:
             print(f"draftsmith prepare: {summary.error} row(s) failed; rerun the same command to retry them",
                   file=sys.stderr)

@@ -168,7 +168,7 @@ def open(cache_dir: str, target, layers: list[int], required: Optional[Iterable[
         raise FileNotFoundError(f"no feature cache at {root} (missing manifest.json): build it with "
                                 "`draftsmith prepare recipe.yaml --features`")
     manifest = json.loads(path.read_text())
-    if manifest.get("target_fingerprint") != target.fingerprint:
+    if not target.matches(manifest.get("target_fingerprint")):
         raise ValueError(f"feature cache {root} was built for target {manifest.get('target')!r} (fingerprint "
                          f"{manifest.get('target_fingerprint')}), not {target.name!r} (fingerprint {target.fingerprint}); "
                          + REBUILD)

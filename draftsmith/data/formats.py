@@ -8,14 +8,19 @@ Accepted forms (docs/data.md has the full description):
   Q&A       {"question", "answer"}
   text      a .txt file (one document) or JSONL rows {"text": str}; "stdlib:SPLIT" documents
   prompts   {"prompt": str} | {"turns": [str, ...]} | {"question": str} | {"instruction"} (no answer)
-Files are JSONL (one object per line), a JSON list, or plain text (.txt). Every row keeps its
-"file:line" so that a malformed row is reported where it is and skipped.
+Files are JSONL (one object per line), a JSON list, or plain text (.txt). A file is a JSON list
+only when its whole content is one JSON array; otherwise every line is a row (a line holding an
+array is a skipped row, counted). Every row keeps its "file:line" so that a malformed row (bad
+JSON, nesting too deep, bytes that are not UTF-8, wrong types) is reported where it is, skipped
+and counted. Row ids are "path:line" with the path as data.path gives it, so that files of the
+same name in different folders never share an id.
 """
 from __future__ import annotations
 
 import glob
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -41,6 +46,12 @@ EMPTY_TURN = "empty turn"
 NO_ASSISTANT = "no assistant turn"
 PROMPT_ONLY = "prompt only (regenerate it with `draftsmith prepare`)"
 EMPTY_TEXT = "empty text"
+NOT_UTF8 = "not UTF-8"
+BAD_VALUE = "bad value"
+
+# Bytes that are not UTF-8 decode (surrogateescape) to lone surrogates U+DC80..U+DCFF.
+_UNDECODABLE = re.compile("[\udc80-\udcff]")
+JSON_ERRORS = (json.JSONDecodeError, RecursionError)  # RecursionError: brackets nested too deeply
 
 
 class RowError(Exception):
@@ -116,6 +127,10 @@ def _stdlib_rows(spec: str) -> Iterator[RawRow]:
         yield RawRow(spec, i, {"text": text}, row_id=f"{spec}:{doc_id}")
 
 
+def _json_error(exc: Exception) -> str:
+    return exc.msg if isinstance(exc, json.JSONDecodeError) else "brackets nested too deeply"
+
+
 def _json_list_rows(file: str, text: str, start: int) -> Iterator[RawRow]:
     """Walk a top-level JSON list element by element so each row keeps its line number."""
     decoder = json.JSONDecoder()
@@ -129,11 +144,29 @@ def _json_list_rows(file: str, text: str, start: int) -> Iterator[RawRow]:
             return
         try:
             value, end = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError as exc:
-            yield RawRow(file, line, error=RowError(BAD_JSON, f"{exc.msg} (the rest of the file is unreadable)"))
+        except JSON_ERRORS as exc:
+            yield RawRow(file, line, error=RowError(BAD_JSON, f"{_json_error(exc)} (the rest of the file is unreadable)"))
             return
-        yield RawRow(file, line, value)
+        if _UNDECODABLE.search(text, pos, end):
+            yield RawRow(file, line, error=RowError(NOT_UTF8, "the row holds bytes that are not UTF-8"))
+        else:
+            yield RawRow(file, line, value)
         pos = end
+
+
+def _is_json_list(text: str, start: int) -> bool:
+    """True when the text from `start` (a "[") is one JSON array and nothing else follows it;
+    an array that does not parse counts as a (damaged) JSON list unless its first line alone is JSON."""
+    try:
+        _, end = json.JSONDecoder().raw_decode(text, start)
+    except JSON_ERRORS:
+        first = text[start:].split("\n", 1)[0]
+        try:
+            json.loads(first)
+        except JSON_ERRORS:
+            return True
+        return False  # JSONL whose first line is an array, with a bad line further on
+    return not text[end:].strip()
 
 
 def read_raw(file: str) -> Iterator[RawRow]:
@@ -141,21 +174,27 @@ def read_raw(file: str) -> Iterator[RawRow]:
     if file.startswith("stdlib:"):
         yield from _stdlib_rows(file)
         return
-    text = Path(file).read_text(encoding="utf-8", errors="replace")
+    text = Path(file).read_bytes().decode("utf-8", errors="surrogateescape")
     if file.endswith(".txt"):
-        yield RawRow(file, 1, text)
+        if _UNDECODABLE.search(text):
+            yield RawRow(file, 1, error=RowError(NOT_UTF8, "the file holds bytes that are not UTF-8"))
+        else:
+            yield RawRow(file, 1, text)
         return
     stripped = text.lstrip()
-    if stripped.startswith("["):
+    if stripped.startswith("[") and _is_json_list(text, len(text) - len(stripped)):
         yield from _json_list_rows(file, text, len(text) - len(stripped))
         return
-    for i, line in enumerate(text.splitlines(), start=1):
+    for i, line in enumerate(text.split("\n"), start=1):  # only \n ends a JSONL line (not U+2028 etc.)
         if not line.strip():
+            continue
+        if _UNDECODABLE.search(line):
+            yield RawRow(file, i, error=RowError(NOT_UTF8, "the line holds bytes that are not UTF-8"))
             continue
         try:
             yield RawRow(file, i, json.loads(line))
-        except json.JSONDecodeError as exc:
-            yield RawRow(file, i, error=RowError(BAD_JSON, exc.msg))
+        except JSON_ERRORS as exc:
+            yield RawRow(file, i, error=RowError(BAD_JSON, _json_error(exc)))
 
 
 # --------------------------------------------------------------------------- rows
@@ -200,7 +239,10 @@ def _alpaca(obj: dict) -> list[dict]:
     messages: list[dict] = []
     if isinstance(obj.get("system"), str) and obj["system"].strip():
         messages.append({"role": "system", "content": obj["system"]})
-    for i, pair in enumerate(obj.get("history") or []):
+    history = obj.get("history") or []
+    if not isinstance(history, list):
+        raise RowError(BAD_VALUE, f"'history' is a {type(history).__name__}, not a list of [user, assistant] pairs")
+    for i, pair in enumerate(history):
         if not (isinstance(pair, list) and len(pair) == 2):
             raise RowError(EMPTY_TURN, f"history[{i}] is not a [user, assistant] pair")
         messages.append({"role": "user", "content": _content(pair[0], f"history[{i}][0]")})
@@ -256,7 +298,7 @@ def parse(raw: RawRow, fmt: str = "auto") -> Row:
     """Normalise one raw row under data.format `fmt`; raises RowError when it is malformed."""
     if raw.error is not None:
         raise raw.error
-    row_id = raw.row_id or f"{Path(raw.file).name}:{raw.line}"
+    row_id = raw.row_id or f"{os.path.normpath(raw.file)}:{raw.line}"
     if isinstance(raw.value, str):  # a .txt document
         if not raw.value.strip():
             raise RowError(EMPTY_TEXT, "the file is empty")
@@ -282,7 +324,11 @@ def parse(raw: RawRow, fmt: str = "auto") -> Row:
                          {"role": "assistant", "content": _content(o["answer"], "answer")}],
         "prompts": _prompt,
     }
-    return _finish(raw, builders[form](obj), row_id, form, prompts_only=fmt == "prompts")
+    try:
+        messages = builders[form](obj)
+    except (TypeError, AttributeError, KeyError, ValueError, RecursionError) as exc:  # a value of an unexpected type
+        raise RowError(BAD_VALUE, f"{type(exc).__name__}: {exc}") from None
+    return _finish(raw, messages, row_id, form, prompts_only=fmt == "prompts")
 
 
 def iter_rows(paths: list[str], fmt: str = "auto") -> Iterator[tuple[RawRow, Optional[Row], Optional[RowError]]]:

@@ -5,8 +5,15 @@ EAGLE and Medusa-2 recommend): the drafter then learns the target's own distribu
 
 Output: JSONL rows {"id", "source", "messages": [...]} (OpenAI form, read back by data.format auto).
 Resumable: each finished row is appended and flushed; a rerun skips ids already in the file and
-redoes a torn last line. Accounting: success + error + skipped == input, printed and stored in
-OUTPUT.summary.json. Rows that failed (error) are not written, so a rerun retries them.
+redoes a torn last line. The settings (generator, target, max_new_tokens, temperature, ...) are
+written to OUTPUT.summary.json BEFORE the first batch, so a rerun with other settings is refused
+even after an interrupted first run. Row ids are "path:line" (unique over all inputs).
+Accounting: success + error + skipped == input, printed and stored in OUTPUT.summary.json.
+Rows that failed (error) are not written, so a rerun retries them.
+
+The openai generator's API key comes only from the command line (--api-key-env NAME) or the
+fixed variable DRAFTSMITH_API_KEY, never from a recipe; it is never sent over plain http except
+to localhost, and the endpoint is printed before the first request.
 Multi-turn: each user turn followed by an assistant turn (or ending the row) is answered in
 order, given the regenerated history; the original assistant turns are dropped.
 """
@@ -16,6 +23,7 @@ import json
 import os
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +36,10 @@ import torch
 from draftsmith.data import chat, formats
 
 MAX_EXAMPLES = 10
+API_KEY_VARIABLE = "DRAFTSMITH_API_KEY"  # the one variable read without --api-key-env
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+# Bumped when the row-id scheme changes, so an output written with other ids is not resumed into.
+ROW_IDS = "path:line"
 
 
 @dataclass
@@ -128,18 +140,55 @@ class LocalGenerator:
         return results
 
 
+def api_key(api_key_env: Optional[str] = None) -> tuple[Optional[str], str]:
+    """-> (key or None, where it came from). Only --api-key-env NAME or DRAFTSMITH_API_KEY are read."""
+    if api_key_env:
+        if not os.environ.get(api_key_env):
+            raise ValueError(f"--api-key-env {api_key_env}: the environment variable {api_key_env} is not set "
+                             "or empty; export it, or drop --api-key-env to send no key")
+        return os.environ[api_key_env], f"${api_key_env} (--api-key-env)"
+    if os.environ.get(API_KEY_VARIABLE):
+        return os.environ[API_KEY_VARIABLE], f"${API_KEY_VARIABLE}"
+    return None, "none"
+
+
+def check_endpoint(endpoint: str, has_key: bool) -> None:
+    """http(s) only; an API key never travels over plain http except to this machine."""
+    url = urllib.parse.urlparse(endpoint)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise ValueError(f"regenerate.endpoint {endpoint!r} is not an http(s) URL; e.g. http://127.0.0.1:8000/v1")
+    if has_key and url.scheme == "http" and url.hostname not in LOCAL_HOSTS:
+        raise ValueError(f"regenerate.endpoint {endpoint!r}: refusing to send the API key over plain http to "
+                         f"{url.hostname}; use https://, or a server on localhost")
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Redirects are not followed (urllib would resend the Authorization header to the new URL,
+    plain http or another host included); a 3xx answer becomes an HTTP error."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 class HTTPGenerator:
     """An OpenAI-compatible server: {endpoint}/chat/completions, or /completions with the
-    prompt rendered by draftsmith (regenerate.api = completions; needs the target tokenizer)."""
+    prompt rendered by draftsmith (regenerate.api = completions; needs the target tokenizer).
 
-    def __init__(self, rcfg, data_cfg, tokenizer=None):
+    api_key_env: the variable named by --api-key-env (None: DRAFTSMITH_API_KEY when set, else no key)."""
+
+    def __init__(self, rcfg, data_cfg, tokenizer=None, api_key_env: Optional[str] = None, log=print):
         if not rcfg.endpoint:
             raise ValueError("regenerate.endpoint is required for regenerate.generator=openai "
                              "(e.g. regenerate.endpoint=http://127.0.0.1:8000/v1)")
         if rcfg.api == "completions" and tokenizer is None:
             raise ValueError("regenerate.api=completions renders prompts locally and needs the target tokenizer")
         self.rcfg, self.mode, self.tokenizer = rcfg, data_cfg.chat_template, tokenizer
-        self.key = os.environ.get(rcfg.api_key_env)  # local servers need none
+        self.key, self.key_source = api_key(api_key_env)  # local servers need none
+        check_endpoint(rcfg.endpoint, self.key is not None)
+        self.log, self.announced = log, False
 
     def settings(self) -> dict:
         r = self.rcfg
@@ -152,7 +201,7 @@ class HTTPGenerator:
             headers["Authorization"] = f"Bearer {self.key}"
         url = self.rcfg.endpoint.rstrip("/") + path
         req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers=headers, method="POST")
-        with urllib.request.urlopen(req, timeout=self.rcfg.timeout_s) as resp:
+        with _OPENER.open(req, timeout=self.rcfg.timeout_s) as resp:
             return json.loads(resp.read().decode())
 
     def _one(self, history: list[dict]) -> Result:
@@ -176,6 +225,10 @@ class HTTPGenerator:
         return Result("ok", text.strip())
 
     def generate(self, histories: list[list[dict]]) -> list[Result]:
+        if not self.announced:  # say where the data (and key) go before the first request
+            self.log(f"regenerate: sending prompts to {self.rcfg.endpoint} (model {self.rcfg.model}, "
+                     f"API key: {self.key_source})")
+            self.announced = True
         with ThreadPoolExecutor(max_workers=max(1, min(self.rcfg.batch_size, len(histories)))) as pool:
             return list(pool.map(self._one, histories))
 
@@ -210,9 +263,16 @@ def load_done(output: Path) -> tuple[set[str], bool]:
 
 
 def _check_settings(sidecar: Path, settings: dict, output: Path) -> None:
-    if not sidecar.exists() or not output.exists():
+    if not output.exists() or output.stat().st_size == 0:
         return
-    old = json.loads(sidecar.read_text()).get("settings", {})
+    if not sidecar.exists():
+        raise ValueError(f"{output} exists but {sidecar.name} (the settings it was written with) does not, so "
+                         "resuming could mix answers of other settings: delete it or set regenerate.output to a new path")
+    try:
+        old = json.loads(sidecar.read_text()).get("settings", {})
+    except (json.JSONDecodeError, AttributeError) as exc:
+        raise ValueError(f"{sidecar} is damaged ({exc}); delete {output} and {sidecar.name}, "
+                         "or set regenerate.output to a new path") from None
     diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
     if diff:
         raise ValueError(f"{output} was written with other settings {diff} (old, new); resuming would mix them: "
@@ -275,11 +335,13 @@ def regenerate(paths: list[str], generator, output: str, fmt: str = "auto", batc
     """Regenerate the rows of `paths` into `output` (resumable); see the module docstring."""
     start = time.time()
     out, sidecar = Path(output), Path(f"{output}.summary.json")
-    settings = generator.settings()
+    settings = {**generator.settings(), "row_ids": ROW_IDS}
     _check_settings(sidecar, settings, out)
     done, torn = load_done(out)
     summary = RegenSummary(output=str(out), settings=settings, torn_line_repaired=torn)
     out.parent.mkdir(parents=True, exist_ok=True)
+    _write_json(sidecar, summary.to_dict())  # the settings are on disk before the first answer
+    seen: set[str] = set()
     with open(out, "a", encoding="utf-8") as sink:
         batch: list[formats.Row] = []
         for raw, row, err in formats.iter_rows(paths, fmt):
@@ -290,12 +352,16 @@ def regenerate(paths: list[str], generator, output: str, fmt: str = "auto", batc
                 summary.note("skipped", raw.source, str(err))
             elif row.kind == "text":
                 summary.note("skipped", raw.source, "text document: no turn to answer")
+            elif row.row_id in seen:
+                summary.note("skipped", raw.source, "duplicate row id: the same file is listed twice in data.path")
             elif row.row_id in done:
+                seen.add(row.row_id)
                 summary.success += 1
                 summary.resumed += 1
             elif not any(m["role"] == "user" for m in row.messages):
                 summary.note("skipped", raw.source, "no user turn to answer")
             else:
+                seen.add(row.row_id)
                 batch.append(row)
                 if len(batch) == batch_size:
                     _run_batch(batch, generator, summary, sink)
@@ -304,5 +370,11 @@ def regenerate(paths: list[str], generator, output: str, fmt: str = "auto", batc
         if batch:
             _run_batch(batch, generator, summary, sink)
     summary.elapsed_s = time.time() - start
-    sidecar.write_text(json.dumps(summary.to_dict(), indent=2))
+    _write_json(sidecar, summary.to_dict())
     return summary
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)

@@ -25,8 +25,13 @@ from draftsmith.eval.sampling import VERIFICATION_RULES, SamplingParams, rule_na
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", nargs="?", help="a training checkpoint dir (runs/NAME/final); omit with --proposer/--draft-model")
-    p.add_argument("--target", help="target dir, HF id or builtin:NAME (required without a checkpoint PATH)")
+    p.add_argument("--target", help="target dir, HF id or builtin:NAME (required without a checkpoint PATH; with one, "
+                                    "the checkpoint runs on this copy after its fingerprint check)")
+    p.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit) of --target")
     p.add_argument("--draft-model", help="a HF causal LM (dir or id) sharing the target's tokenizer, as the drafter")
+    p.add_argument("--draft-revision", default=None, help="Hub revision (branch, tag or commit) of --draft-model")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="run the models' custom modelling code (never enabled by a checkpoint's config.yaml)")
     p.add_argument("--proposer", choices=sorted(proposers.PROPOSERS.names()),
                    help="proposer kind without a checkpoint (default: draft_lm with --draft-model)")
     p.add_argument("--ngram-max", type=int, default=3, help="ngram proposer: longest n-gram matched")
@@ -59,13 +64,23 @@ def _load(args):
     """-> (target, proposer, drafter identity dict)."""
     from draftsmith import target as target_mod
 
+    if args.revision and not args.target:
+        raise SystemExit("--revision names a revision of --target; give --target too (a checkpoint's own target "
+                         "loads at its recipe's target.revision)")
+    if args.draft_revision and not args.draft_model:
+        raise SystemExit("--draft-revision names a revision of --draft-model; give --draft-model too")
     if args.path:
         if args.draft_model or args.proposer:
             raise SystemExit("give either a checkpoint PATH or --draft-model/--proposer, not both")
-        from draftsmith.train.checkpoint import load_drafter
+        from draftsmith.train.checkpoint import load_drafter, read_config
 
         device = None if args.device == "auto" else args.device
-        loaded = load_drafter(args.path, device=device)
+        given = None
+        if args.target:  # evaluate on this copy of the target; load_drafter checks its fingerprint
+            dtype = args.dtype or read_config(args.path).target.dtype
+            given = target_mod.load(args.target, dtype=dtype, device=args.device,
+                                    revision=args.revision, trust_remote_code=args.trust_remote_code)
+        loaded = load_drafter(args.path, device=device, target=given, trust_remote_code=args.trust_remote_code)
         drafter, target = loaded.drafter, loaded.target
         log = Path(args.path).parent / "metrics.jsonl"
         identity = {"kind": loaded.meta.get("kind", drafter.kind), "name": Path(args.path).resolve().parent.name,
@@ -79,11 +94,13 @@ def _load(args):
     kind = args.proposer or ("draft_lm" if args.draft_model else None)
     if kind is None:
         raise SystemExit("name a drafter: a checkpoint PATH, --draft-model DIR_OR_ID, or --proposer ngram")
-    target = target_mod.load(args.target, dtype=args.dtype or "float32", device=args.device)
+    target = target_mod.load(args.target, dtype=args.dtype or "float32", device=args.device, revision=args.revision,
+                             trust_remote_code=args.trust_remote_code)
     if kind == "draft_lm":
         if not args.draft_model:
             raise SystemExit("--proposer draft_lm needs --draft-model DIR_OR_ID")
-        draft = target_mod.load(args.draft_model, dtype=args.dtype or "float32", device=str(target.device))
+        draft = target_mod.load(args.draft_model, dtype=args.dtype or "float32", device=str(target.device),
+                                revision=args.draft_revision, trust_remote_code=args.trust_remote_code)
         identity = {"kind": "draft_lm", **draft.identity(), "path": args.draft_model}
         return target, proposers.build("draft_lm", target, draft_model=draft), identity
     options = {"max_ngram": args.ngram_max, "min_ngram": args.ngram_min, "match": args.ngram_match}

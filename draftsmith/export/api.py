@@ -1,9 +1,16 @@
 """export(): load a checkpoint, build one format in a temporary sibling directory, validate the
 files as written, then move the directory into place with one rename. A failed export leaves
-the output directory untouched (absent, or as it was)."""
+the output directory untouched (absent, or as it was).
+
+overwrite=True replaces only a previous draftsmith export (a directory holding its draftsmith.json),
+never the source checkpoint, and only the files an export writes: other files in the directory
+stay, and files the previous export listed that the new one does not write are removed."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,9 +38,66 @@ def write_files(files: ExportFiles, directory: Path) -> None:
         (directory / name).write_text(text)
 
 
+def written_files(directory: Path) -> list[str]:
+    """Every file under directory, as sorted relative POSIX paths."""
+    return sorted(p.relative_to(directory).as_posix() for p in Path(directory).rglob("*") if p.is_file())
+
+
+def previous_export_files(out: Path) -> list[str] | None:
+    """The files a previous draftsmith export in `out` wrote (its draftsmith.json lists them), [] for an
+    export from before that list existed, or None when `out` holds no draftsmith export."""
+    try:
+        sidecar = json.loads((out / SIDECAR_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(sidecar, dict) or "format" not in sidecar or "draftsmith_version" not in sidecar:
+        return None
+    files = sidecar.get("files", [])
+    return [f for f in files if isinstance(f, str)] if isinstance(files, list) else []
+
+
+def check_out_dir(out: Path, source: Path | None, overwrite: bool) -> bool:
+    """Raise unless `out` may receive an export; True when it holds a previous export to replace."""
+    if source is not None:
+        src = source.resolve()
+        if out == src or out in src.parents:
+            raise ValueError(f"--out {out} is the source checkpoint {source} or a folder holding it; "
+                             "write the export to a new directory, e.g. --out exported/NAME")
+        if src in out.parents:
+            raise ValueError(f"--out {out} lies inside the source checkpoint {source}; choose a directory outside it")
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file; give a directory")
+    if not out.exists() or not any(out.iterdir()):
+        return False
+    if not overwrite:
+        raise FileExistsError(f"{out} exists and is not empty; pass --overwrite to replace a previous export "
+                              "there, or choose a new --out")
+    if previous_export_files(out) is None:
+        raise FileExistsError(f"--out {out} holds files but no draftsmith export ({SIDECAR_FILE}); --overwrite only "
+                              "replaces a previous export: choose an empty or new --out")
+    return True
+
+
+def replace_export_files(tmp: Path, out: Path) -> None:
+    """Move the new export's files from tmp into out one by one (each os.replace is atomic), then
+    remove files the previous export listed that the new one does not write; nothing else is touched."""
+    old = set(previous_export_files(out) or [])
+    new = written_files(tmp)
+    for rel in new:
+        dest = out / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp / rel, dest)
+    for rel in sorted(old - set(new)):
+        stale = (out / rel).resolve()
+        if out.resolve() in stale.parents and stale.is_file():  # never outside out
+            stale.unlink()
+
+
 def export(checkpoint, to: str, out, options: ExportOptions | None = None, validate: bool = True,
-           overwrite: bool = False, loaded=None) -> ExportResult:
-    """Export checkpoint (a draftsmith checkpoint dir, or an already loaded LoadedDrafter) to `out`."""
+           overwrite: bool = False, loaded=None, trust_remote_code: bool = False) -> ExportResult:
+    """Export checkpoint (a draftsmith checkpoint dir, or an already loaded LoadedDrafter) to `out`.
+
+    trust_remote_code: run the target's custom code (--trust-remote-code); never taken from the checkpoint."""
     from draftsmith.export import EXPORTERS
     from draftsmith.export.validate import validate_export
     from draftsmith.train.checkpoint import load_drafter, write_dir_atomically
@@ -42,15 +106,15 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
     opts = options or ExportOptions()
     if opts.max_model_len is not None and to != "hf":
         raise ValueError(f"--max-model-len applies to --to hf (a draft LM with a shorter context), not --to {to}")
-    loaded = loaded if loaded is not None else load_drafter(checkpoint)
+    out = Path(out).resolve()
+    source = Path(checkpoint) if isinstance(checkpoint, (str, os.PathLike)) else None
+    replacing = check_out_dir(out, source, overwrite)
+    loaded = loaded if loaded is not None else load_drafter(checkpoint, trust_remote_code=trust_remote_code)
     kind = loaded.drafter.kind
     if kind not in exporter.kinds:
         fits = [name for name in EXPORTERS.names() if kind in EXPORTERS.get(name).kinds]
         raise ValueError(f"--to {to} does not take {kind} drafters (it takes {list(exporter.kinds)}); "
                          f"formats for {kind}: {fits}")
-    out = Path(out).resolve()
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise FileExistsError(f"{out} exists and is not empty; pass --overwrite to replace it")
     report: dict = {}
     serve: list[str] = []
 
@@ -62,6 +126,16 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
         if validate:  # a failure raises here, and nothing is written to `out`
             k = num_tokens(loaded, opts, files.sidecar.get("num_speculative_tokens") or 5)
             report.update(validate_export(tmp, exporter, loaded, opts, k))
+        files.sidecar["files"] = sorted(set(written_files(tmp)) | {SIDECAR_FILE})  # what --overwrite may replace
+        (tmp / SIDECAR_FILE).write_text(json.dumps(files.sidecar, indent=2, default=str) + "\n")
 
-    write_dir_atomically(out, fill, marker=None)
+    if not replacing:
+        write_dir_atomically(out, fill, marker=None)
+    else:  # a previous export: replace its files only, keep anything else in the directory
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        try:
+            fill(tmp)
+            replace_export_files(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return ExportResult(out_dir=out, serve_command=serve[0], report=report)

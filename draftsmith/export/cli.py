@@ -24,7 +24,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="hf: a draft LM with fewer positions than the target is served with requests limited to this")
     parser.add_argument("--no-validate", action="store_true", help="skip the validation gate (not recommended)")
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a previous draftsmith export in --out (only the files an export writes)")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="run the target's custom modelling code (never enabled by a checkpoint's config.yaml)")
 
 
 def main(args) -> int:
@@ -34,7 +37,7 @@ def main(args) -> int:
                          max_model_len=args.max_model_len)
     try:
         result = export(args.checkpoint, args.to, args.out, opts, validate=not args.no_validate,
-                        overwrite=args.overwrite)
+                        overwrite=args.overwrite, trust_remote_code=args.trust_remote_code)
     except (ExportValidationError, FileExistsError, FileNotFoundError, ValueError) as exc:
         print(f"draftsmith export: {exc}", file=sys.stderr)
         return 1

@@ -28,6 +28,9 @@ class StepOutput:
     metrics: dict[str, float] = field(default_factory=dict)
     # Number of loss tokens in this micro-batch (for global normalisation across ranks).
     num_tokens: int = 0
+    # Tokens each metric is averaged over (e.g. position i's loss tokens for acc_i); the loop pools
+    # metrics over micro-batches and ranks weighted by these. A metric not listed weighs num_tokens.
+    weights: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -47,6 +47,8 @@ class DraftLMDrafter(Drafter):
         init: Literal["pretrained", "shrink", "config"] = "shrink"
         # init pretrained: local directory or Hugging Face id of the draft model (same tokenizer as the target).
         path: Optional[str] = None
+        # init pretrained: Hub revision (branch, tag or commit) of `path`; None: the default branch.
+        revision: Optional[str] = None
         # init shrink: how many of the target's first decoder layers the draft keeps.
         shrink_layers: int = 2
         # init config: LlamaConfig sizes, e.g. {hidden_size: 256, num_hidden_layers: 4, ...}; vocab and
@@ -319,9 +321,9 @@ def build_model(cfg, target):
         return LlamaForCausalLM(llama)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg.path)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.path, revision=cfg.revision)
     check_tokenizer(target, tokenizer, cfg.path)
-    return AutoModelForCausalLM.from_pretrained(cfg.path, dtype=DTYPES[cfg.dtype])
+    return AutoModelForCausalLM.from_pretrained(cfg.path, dtype=DTYPES[cfg.dtype], revision=cfg.revision)
 
 
 def check_tokenizer(target, tokenizer, where: str) -> None:

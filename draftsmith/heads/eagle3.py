@@ -247,12 +247,13 @@ class Eagle3Drafter(Drafter):
                 sums[f"acc_{t}"] = (hit * m).sum()
                 sums[f"loss_{t}"] = (loss * m).sum()
                 sums[f"tokens_{t}"] = m.sum()
-        metrics = {}
+        metrics, weights = {}, {}
         for key, value in sums.items():
             if not key.startswith("tokens_"):
                 t = key.rsplit("_", 1)[1]
                 metrics[key] = float(value / sums[f"tokens_{t}"].clamp_min(1.0))
-        return StepOutput(loss=total, metrics=metrics, num_tokens=num_tokens)
+                weights[key] = float(sums[f"tokens_{t}"])  # pooled by tokens over micro-batches and ranks
+        return StepOutput(loss=total, metrics=metrics, weights=weights, num_tokens=num_tokens)
 
     # ------------------------------------------------------------------ inference
     def make_proposer(self, target) -> "Eagle3Proposer":

@@ -180,6 +180,7 @@ class MedusaDrafter(Drafter):
         target_logits = batch["target_logits"].float()
         total = self.cfg.lora_kl_weight * kl_lm if self.adapted else kl_lm.new_zeros(())
         metrics: dict[str, float] = {"loss_lora_kl": float(kl_lm.detach())} if self.adapted else {}
+        weights: dict[str, float] = {}
         for i, (logits, w) in enumerate(zip(self.head_logits(hidden), self.head_weights())):  # 2.
             n = s - 2 - i
             if n <= 0:
@@ -198,7 +199,8 @@ class MedusaDrafter(Drafter):
                 denom = m.sum().clamp_min(1.0)
                 metrics[f"acc_{i}"] = float(((logq.argmax(-1) == labels).float() * m).sum() / denom)
                 metrics[f"loss_{i}"] = float((per * m).sum() / denom)
-        return StepOutput(loss=total, metrics=metrics, num_tokens=int(mask[:, 2:].sum()))
+                weights[f"acc_{i}"] = weights[f"loss_{i}"] = float(m.sum())  # pooled by tokens
+        return StepOutput(loss=total, metrics=metrics, weights=weights, num_tokens=int(mask[:, 2:].sum()))
 
     # ------------------------------------------------------------------ export and inference
     def state_dict_for_export(self) -> dict[str, torch.Tensor]:

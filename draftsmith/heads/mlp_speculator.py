@@ -136,6 +136,7 @@ class MLPSpeculatorDrafter(Drafter):
         greedy = batch["target_logits"].argmax(-1) if self.cfg.labels == "target_greedy" else None  # [b, s]
         total = torch.zeros((), device=ids.device)
         metrics: dict[str, float] = {}
+        weights: dict[str, float] = {}
         for i, logits in enumerate(self.stage_logits(batch["last_hidden_state"], ids)):  # 1.
             n = logits.shape[1] - 1  # the last position's label lies past the end
             if n <= 0:
@@ -149,7 +150,8 @@ class MLPSpeculatorDrafter(Drafter):
                 denom = m.sum().clamp_min(1.0)
                 metrics[f"acc_{i}"] = float(((logq.argmax(-1) == labels).float() * m).sum() / denom)
                 metrics[f"loss_{i}"] = float((per * m).sum() / denom)
-        return StepOutput(loss=total, metrics=metrics, num_tokens=int(mask[:, 2:].sum()))
+                weights[f"acc_{i}"] = weights[f"loss_{i}"] = float(m.sum())  # pooled by tokens
+        return StepOutput(loss=total, metrics=metrics, weights=weights, num_tokens=int(mask[:, 2:].sum()))
 
     def make_proposer(self, target) -> "MLPSpeculatorProposer":
         return MLPSpeculatorProposer(self)

@@ -55,7 +55,10 @@ const m = location.hash.match(/^#sort=([a-z0-9_]+):(asc|desc)$/);
 if(m){ document.querySelectorAll('table.sortable').forEach(t => dsSort(t, m[1], m[2])); }
 """
 
-e = html.escape
+def e(value, quote: bool = True) -> str:
+    """Every value written into a page, text or attribute, goes through here; quotes are always
+    escaped (`quote` is accepted for html.escape's signature and ignored)."""
+    return html.escape(str(value), quote=True)
 
 
 def page(title: str, body: str) -> str:
@@ -66,7 +69,7 @@ def page(title: str, body: str) -> str:
 def relative_src(out_dir: Path) -> Callable[[Path], str]:
     """Image/link source relative to the page (the leaderboard directory)."""
     def src(path: Path) -> str:
-        return e(Path(_relpath(path, out_dir)).as_posix())
+        return Path(_relpath(path, out_dir)).as_posix()  # escaped where it is written
     return src
 
 
@@ -92,21 +95,21 @@ def leaderboard_table(rows: list[Row], link: Callable[[Path], str], table_id: st
              "same target, workload and hardware\">speed rank†</th>", "<th>result / command</th>"]
     body = []
     for pos, row in enumerate(rows, 1):
-        cells = [f"<td class=\"num\" data-v=\"{pos}\">{pos}</td>"]
+        cells = [f"<td class=\"num\" data-v=\"{e(pos)}\">{e(pos)}</td>"]
         for key, _name in KEY_COLUMNS:
             value = getattr(row, key)
-            attr = f" class=\"num\" data-v=\"{value}\"" if key in ("k", "temperature") else ""
+            attr = f" class=\"num\" data-v=\"{e(value)}\"" if key in ("k", "temperature") else ""
             cells.append(f"<td{attr}>{e(f'{value:g}' if key == 'temperature' else str(value))}</td>")
         for key, _name, _fmt, _speed in METRIC_COLUMNS:
             value = getattr(row, key)
-            cells.append(f"<td class=\"num\" data-v=\"{'' if value is None else repr(value)}\">{e(row.fmt(key))}</td>")
+            cells.append(f"<td class=\"num\" data-v=\"{'' if value is None else e(repr(value))}\">{e(row.fmt(key))}</td>")
         rank = "" if row.speed_rank is None else str(row.speed_rank)
-        cells.append(f"<td class=\"num\" data-v=\"{rank}\">{rank or '—'}</td>")
-        cells.append(f"<td><a href=\"{link(Path(row.source))}\">{e(Path(row.source).name)}</a><details>"
+        cells.append(f"<td class=\"num\" data-v=\"{e(rank)}\">{e(rank or '—')}</td>")
+        cells.append(f"<td><a href=\"{e(link(Path(row.source)))}\">{e(Path(row.source).name)}</a><details>"
                      f"<summary>command</summary><code class=\"cmd\">{e(row.command or '(not recorded)')}</code>"
                      "</details></td>")
-        key_attr = e("|".join(str(x) for x in row.key), quote=True)
-        body.append(f"<tr data-row=\"{key_attr}\" data-hardware=\"{e(row.hardware, quote=True)}\">{''.join(cells)}</tr>")
+        key_attr = e("|".join(str(x) for x in row.key))
+        body.append(f"<tr data-row=\"{key_attr}\" data-hardware=\"{e(row.hardware)}\">{''.join(cells)}</tr>")
     return (f"<div class=\"scroll\"><table class=\"sortable leaderboard\" id=\"{e(table_id)}\"><thead><tr>"
             f"{''.join(head)}</tr></thead><tbody>\n" + "\n".join(body) + "\n</tbody></table></div>"
             "<p class=\"meta\">† speed rank: by median speedup among rows of the same target, workload and hardware "
@@ -125,14 +128,14 @@ def model_table_html(t: ModelTable) -> str:
         sp_m = m.fmt("speedup") if m else ""
         note = "extrapolated a_i" if p.extrapolated else ""
         cls = " class=\"best\"" if p.k == t.best.k else ""
-        lines.append(f"<tr{cls}><td class=\"num\">{p.k}</td><td class=\"num\">{p.expected_tau:.2f}</td>"
-                     f"<td class=\"num\">{tau_m}</td><td class=\"num\">{p.speedup:.2f}×</td><td class=\"num\">{sp_m}"
-                     f"</td><td>{e(p.verify_cost_source)}</td><td>{note}</td></tr>")
-    meta = (f"basis: {e(Path(t.basis.source).name)} (k={t.basis.k}, acceptance from "
+        lines.append(f"<tr{cls}><td class=\"num\">{e(p.k)}</td><td class=\"num\">{p.expected_tau:.2f}</td>"
+                     f"<td class=\"num\">{e(tau_m)}</td><td class=\"num\">{p.speedup:.2f}×</td><td class=\"num\">"
+                     f"{e(sp_m)}</td><td>{e(p.verify_cost_source)}</td><td>{e(note)}</td></tr>")
+    meta = (f"basis: {e(Path(t.basis.source).name)} (k={e(t.basis.k)}, acceptance from "
             f"{e(t.basis.model_acceptance_source)}); draft step {c.draft_step_s * 1e3:.3f} ms, "
-            f"verify forward (width {c.verify_width}) {c.verify_forward_s * 1e3:.3f} ms, target step "
+            f"verify forward (width {e(c.verify_width)}) {c.verify_forward_s * 1e3:.3f} ms, target step "
             f"{c.target_step_s * 1e3:.3f} ms, overhead/round {c.overhead_per_round_s * 1e3:.3f} ms "
-            f"({e(c.overhead_source)}). <b>Recommended k = {t.best.k}</b> (predicted {t.best.speedup:.2f}×"
+            f"({e(c.overhead_source)}). <b>Recommended k = {e(t.best.k)}</b> (predicted {t.best.speedup:.2f}×"
             f"{', extrapolated' if t.best.extrapolated else ''}).")
     title = f"{t.drafter} — {t.workload} — {t.hardware}, T={t.temperature:g}"
     return (f"<h4>{e(title)}</h4><p class=\"meta\">{meta}</p>"
@@ -149,7 +152,7 @@ MODEL_ASSUMPTIONS = (
 
 
 def images(paths: list[Path], src: Callable[[Path], str]) -> str:
-    return "".join(f"<p><img src=\"{src(p)}\" alt=\"{e(p.stem)}\"></p>" for p in paths)
+    return "".join(f"<p><img src=\"{e(src(p))}\" alt=\"{e(p.stem)}\"></p>" for p in paths)
 
 
 def notes_box(notes: list[str], heading: str) -> str:

@@ -7,14 +7,20 @@ A checkpoint is a directory `step_0000100/` (or `final/`) under the run's output
   trainer_state.pt      optimizer, scheduler, step, data position, RNG states (for resume)
 It is built in a temporary sibling directory and moved into place with one rename, so a crash
 mid-write leaves the previous checkpoint untouched and usable.
+
+Files received from others never run code: trainer_state.pt is read with torch.load(weights_only=True)
+(RNG states are stored as tensors), weights are safetensors, config.yaml is read with yaml.safe_load,
+and a checkpoint's own `target.trust_remote_code` is never honoured (load_drafter's caller decides).
 """
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +45,13 @@ class LoadedDrafter:
 
 
 def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """Every RNG state as tensors and plain numbers, so torch.load(weights_only=True) reads it back."""
+    version, words, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"torch": torch.get_rng_state(),
+             "python": {"version": version, "state": torch.tensor(words, dtype=torch.int64), "gauss": gauss},
+             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -47,8 +59,11 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    py = state["python"]
+    random.setstate((py["version"], tuple(int(w) for w in py["state"].tolist()), py["gauss"]))
+    npy = state["numpy"]
+    np.random.set_state((npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
+                         npy["cached_gaussian"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
@@ -88,6 +103,7 @@ def drafter_meta(drafter, target, step: int) -> dict:
         "feature_layers": drafter.feature_layers(),
         "target": target.identity(),
         "step": step,
+        "written_at_ns": time.time_ns(),  # rotation and resume=true order checkpoints by write time
         "draftsmith_version": __version__,
     }
 
@@ -128,13 +144,24 @@ def save_collective(ctx, path: Path, drafter, target, cfg, step: int, trainer_st
     return path
 
 
+def _write_order(path: Path) -> tuple[int, int]:
+    """(write time in ns, step): the time recorded in drafter.json, else the COMPLETE marker's mtime."""
+    step = int(path.name[len(STEP_PREFIX):]) if path.name[len(STEP_PREFIX):].isdigit() else -1
+    try:
+        written = int(json.loads((path / "drafter.json").read_text())["written_at_ns"])
+    except (OSError, ValueError, KeyError, TypeError):
+        written = (path / "COMPLETE").stat().st_mtime_ns
+    return written, step
+
+
 def step_dirs(output_dir: Path) -> list[Path]:
-    """Complete step checkpoints, oldest first."""
+    """Complete step checkpoints, oldest WRITTEN first (not by step number: a run resumed from an
+    earlier step writes newer checkpoints with lower numbers, and those are the ones to keep)."""
     output_dir = Path(output_dir)
     if not output_dir.exists():
         return []
     found = [p for p in output_dir.iterdir() if p.name.startswith(STEP_PREFIX) and (p / "COMPLETE").exists()]
-    return sorted(found, key=lambda p: int(p.name[len(STEP_PREFIX):]))
+    return sorted(found, key=_write_order)
 
 
 def latest(output_dir: Path) -> Path | None:
@@ -150,11 +177,54 @@ def rotate(output_dir: Path, keep_last: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def clean_stale_tmp(output_dir: Path) -> list[str]:
+    """Remove the temporary folders of interrupted checkpoint writes (`.step_N.tmp-*`, `.final.tmp-*`,
+    `.NAME.old-*`); call once at the start of a run, before any checkpoint is written."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    removed = []
+    for p in output_dir.iterdir():
+        if p.is_dir() and p.name.startswith(".") and (".tmp-" in p.name or ".old-" in p.name):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p.name)
+    return sorted(removed)
+
+
+# What a run writes into its output_dir; `train --overwrite` removes exactly these.
+RUN_FILES = ("final", "metrics.jsonl", "tensorboard")
+
+
+def previous_run(output_dir: Path) -> list[str]:
+    """Names in output_dir that a previous training run wrote (checkpoints, metrics)."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    return sorted(p.name for p in output_dir.iterdir() if p.name in RUN_FILES or p.name.startswith(STEP_PREFIX))
+
+
+def clear_previous_run(output_dir: Path) -> list[str]:
+    """Delete a previous run's checkpoints and logs from output_dir (other files stay)."""
+    names = previous_run(output_dir)
+    for name in names:
+        p = Path(output_dir) / name
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    return names
+
+
 def load_trainer_state(path: Path) -> dict:
+    """Read trainer_state.pt without running code: tensors and plain data only (weights_only=True)."""
     file = Path(path) / "trainer_state.pt"
     if not file.exists():
         raise FileNotFoundError(f"{file} is missing: {path} holds drafter weights only; use train.init_from for a warm start")
-    return torch.load(file, map_location="cpu", weights_only=False)
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(
+            f"{file} holds objects other than tensors and plain data, which could run code when loaded "
+            f"({first}); refused. Resume only from checkpoints written by this draftsmith, or warm start "
+            "from the weights alone with train.init_from (safetensors)") from None
 
 
 def read_weights(path: Path) -> dict:
@@ -174,8 +244,34 @@ def load_weights(path: Path, drafter) -> None:
         raise ValueError(f"{file} does not fit this drafter: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
 
 
-def load_drafter(path: str | Path, device: str | None = None, target=None) -> LoadedDrafter:
-    """Rebuild a trained drafter (and its target, unless given) from a checkpoint directory."""
+# Keys of a checkpoint's config.yaml that are dropped when it is read back: written by earlier versions
+# (the recipe can no longer name the API key's variable; the command line does).
+_RETIRED_KEYS = (("regenerate", "api_key_env"),)
+
+
+def read_config(path: Path, trust_remote_code: bool = False):
+    """A checkpoint's resolved recipe. Its `target.trust_remote_code` is never taken from the file:
+    only the caller's explicit `trust_remote_code` (the --trust-remote-code flag) turns it on."""
+    file = Path(path) / "config.yaml"
+    if not file.exists():
+        raise FileNotFoundError(f"{file} is missing: {path} is not a complete draftsmith checkpoint")
+    raw = yaml.safe_load(file.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{file}: not a recipe mapping; the checkpoint is damaged")
+    for section, key in _RETIRED_KEYS:
+        if isinstance(raw.get(section), dict):
+            raw[section].pop(key, None)
+    cfg = config_mod.from_dict(raw, str(file))
+    cfg.target.trust_remote_code = bool(trust_remote_code)
+    return cfg
+
+
+def load_drafter(path: str | Path, device: str | None = None, target=None,
+                 trust_remote_code: bool = False) -> LoadedDrafter:
+    """Rebuild a trained drafter (and its target, unless given) from a checkpoint directory.
+
+    The target's custom code runs only with trust_remote_code=True given here (a received
+    checkpoint's config.yaml cannot turn it on)."""
     from draftsmith import target as target_mod
     from draftsmith.heads import DRAFTERS
 
@@ -183,14 +279,14 @@ def load_drafter(path: str | Path, device: str | None = None, target=None) -> Lo
     if not (path / "drafter.json").exists():
         raise FileNotFoundError(f"{path} is not a draftsmith checkpoint (no drafter.json); expected e.g. runs/NAME/final")
     meta = json.loads((path / "drafter.json").read_text())
-    cfg = config_mod.from_dict(yaml.safe_load((path / "config.yaml").read_text()), str(path / "config.yaml"))
+    cfg = read_config(path, trust_remote_code)
     if target is None:
         target_cfg = cfg.target
         if device is not None:
             target_cfg.device = device
         target = target_mod.from_config(target_cfg)
     expected = meta["target"]["fingerprint"]
-    if target.fingerprint != expected:
+    if not target.matches(expected):
         raise ValueError(
             f"{path} was trained for target {meta['target']['name']} (fingerprint {expected}), "
             f"but the loaded target {target.name} has fingerprint {target.fingerprint}; load the same target"

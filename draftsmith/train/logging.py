@@ -62,6 +62,26 @@ class MetricsLogger:
                 if isinstance(value, (int, float)):
                     self._tb.add_scalar(key, value, step)
 
+    def rewind(self, step: int) -> None:
+        """After a resume at `step`: drop metrics.jsonl records of later steps (the killed run logged
+        them after its last checkpoint; they are logged again), so every step appears once."""
+        if not self.enabled:
+            return
+        path = self.output_dir / "metrics.jsonl"
+        self._jsonl.close()
+        kept = []
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line of a killed run
+            if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
+                kept.append(line)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
+        os.replace(tmp, path)
+        self._jsonl = open(path, "a")
+
     def start_progress(self, total: int, initial: int = 0) -> None:
         """A progress bar with ETA on rank 0 (stderr must be a terminal; CI logs stay clean)."""
         if self.enabled and self.progress_bar and sys.stderr.isatty():

@@ -7,6 +7,8 @@ One optimizer step, from start to end (`_train_step`):
   2. all-reduce the loss-token count over ranks; scale gradients so the update is the gradient
      of the mean over the GLOBAL count of loss tokens (exact under accumulation and ranks);
   3. clip the gradient norm, optimizer step (AdamW), scheduler step (linear warmup + cosine).
+Logged metrics (acc_i, loss_i, ...) are pooled over micro-batches and ranks, weighted by the tokens
+each one averages (StepOutput.weights). train.precision=fp16 runs with a dynamic gradient scaler.
 
     from draftsmith import config
     from draftsmith.train.loop import train
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -59,20 +62,51 @@ def lr_lambda(train_cfg, total_steps: int):
     return factor
 
 
-def autocast_for(precision: str, device: torch.device):
+def resolve_precision(precision: str, device: torch.device) -> str:
     if precision == "auto":
-        use_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        precision = "bf16" if use_bf16 else "fp32"
+        return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    return precision
+
+
+def autocast_for(precision: str, device: torch.device):
+    precision = resolve_precision(precision, device)
     if precision == "fp32":
         return contextlib.nullcontext
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return lambda: torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def load_data(cfg, target, drafter_cls, options, ctx=None):
+def grad_scaler_for(train_cfg, device: torch.device):
+    """fp16 gradients underflow without loss scaling: fp16 gets torch's dynamic GradScaler (steps
+    with inf/nan gradients are skipped and the scale lowered). bf16 and fp32 need none (None)."""
+    if resolve_precision(train_cfg.precision, device) != "fp16":
+        return None
+    if train_cfg.backend in ("fsdp2", "deepspeed"):
+        raise ValueError(f"train.precision=fp16 is not supported with train.backend={train_cfg.backend} "
+                         "(no sharded gradient scaler here); use train.precision=bf16 or fp32")
+    return torch.amp.GradScaler(device.type)
+
+
+def pool_metrics(parts: list[tuple[dict, dict, float]]) -> dict[str, tuple[float, float]]:
+    """[(metrics, weights, num_tokens)] -> {key: (sum of value * weight, sum of weight)}."""
+    pooled: dict[str, tuple[float, float]] = {}
+    for metrics, weights, num_tokens in parts:
+        for key, value in metrics.items():
+            w = float(weights.get(key, num_tokens))
+            total, weight = pooled.get(key, (0.0, 0.0))
+            pooled[key] = (total + float(value) * w, weight + w)
+    return pooled
+
+
+def pooled_means(pooled: dict[str, tuple[float, float]]) -> dict[str, float]:
+    return {key: total / weight if weight > 0 else 0.0 for key, (total, weight) in pooled.items()}
+
+
+def load_data(cfg, target, drafter_cls, options, ctx=None, api_key_env: str | None = None):
     """-> (train_set, heldout_set, token_counts) for online or offline features.
 
-    Under several ranks (ctx), rank 0 alone regenerates answers and prints the data report."""
+    Under several ranks (ctx), rank 0 alone regenerates answers and prints the data report.
+    api_key_env: the variable holding the regeneration server's key (--api-key-env)."""
     from draftsmith import data
 
     if cfg.features.mode == "offline":
@@ -88,7 +122,7 @@ def load_data(cfg, target, drafter_cls, options, ctx=None):
         from draftsmith.data.cli import run_regenerate
 
         if ctx is None or ctx.is_main:
-            run_regenerate(cfg, target, limit=cfg.regenerate.limit)
+            run_regenerate(cfg, target, limit=cfg.regenerate.limit, api_key_env=api_key_env)
         if ctx is not None:
             ctx.barrier()
     train_set, heldout, report = data.build_dataset(data.training_data_config(cfg), target.tokenizer)
@@ -106,18 +140,22 @@ def move(batch: dict, device: torch.device) -> dict:
 class Trainer:
     """State of one run; `run()` is the loop, `_train_step()` one optimizer step."""
 
-    def __init__(self, cfg, target=None):
+    def __init__(self, cfg, target=None, overwrite: bool = False, api_key_env: str | None = None):
         self.cfg = cfg
         tc = cfg.train
         device = target_mod.resolve_device(cfg.target.device)
+        self.output_dir = Path(tc.output_dir)
+        self.resume_path = self._resume_path()
+        self._claim_output_dir(overwrite)
         self.ctx = parallel.setup(tc, device)
+        self.scaler = grad_scaler_for(tc, self.ctx.device)
         seed_everything(tc.seed)
         self.target = target or target_mod.from_config(cfg.target)
         if tc.target_sharding == "fsdp2":
             parallel.shard_target(self.ctx, self.target)
         drafter_cls = DRAFTERS.get(cfg.drafter.kind)
         options = config_mod.drafter_options(cfg)
-        self.train_set, self.heldout, counts = load_data(cfg, self.target, drafter_cls, options, self.ctx)
+        self.train_set, self.heldout, counts = load_data(cfg, self.target, drafter_cls, options, self.ctx, api_key_env)
         self.drafter = drafter_cls.from_target(options, self.target, counts)
         if tc.init_from:
             checkpoint.load_weights(Path(tc.init_from), self.drafter)
@@ -136,10 +174,34 @@ class Trainer:
             seed_everything(tc.seed + self.ctx.rank)  # same init on every rank (above), own random stream from here
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(tc, self.total_steps))
         self.autocast = autocast_for(tc.precision, self.ctx.device)
-        self.output_dir = Path(tc.output_dir)
         self.step = 0
         self.losses: list[float] = []
         self.logger = MetricsLogger(cfg.logging, self.output_dir, config_mod.to_dict(cfg), self.ctx.rank)
+
+    # ------------------------------------------------------------------ output directory
+    def _resume_path(self) -> Path | None:
+        resume = self.cfg.train.resume
+        if resume is True:
+            return checkpoint.latest(self.output_dir)
+        return Path(resume) if resume else None
+
+    def _claim_output_dir(self, overwrite: bool) -> None:
+        """A fresh run never writes over another run's checkpoints: it needs an output_dir without
+        them, a resume, or overwrite (which deletes the old run's checkpoints and logs first)."""
+        old = checkpoint.previous_run(self.output_dir)
+        if not old or self.resume_path is not None:
+            return
+        if not overwrite:
+            held = f"{', '.join(old[:4])}{', ...' if len(old) > 4 else ''}"
+            how = (f"train.resume=true found no step checkpoint there: resume from a path "
+                   f"(train.resume={self.output_dir / 'final'})" if self.cfg.train.resume is True
+                   else "continue it with train.resume=true")
+            raise FileExistsError(
+                f"train.output_dir {self.output_dir} already holds a run ({held}): {how}, start over with "
+                "--overwrite (deletes those files), or set train.output_dir to a new directory")
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"--overwrite: removing {', '.join(old)} from {self.output_dir}", flush=True)
+            checkpoint.clear_previous_run(self.output_dir)
 
     # ------------------------------------------------------------------ state
     def trainer_state(self) -> dict:
@@ -148,7 +210,8 @@ class Trainer:
         return {"step": self.step, "optimizer": self.ctx.optimizer_state_dict(self.drafter, self.optimizer),
                 "scheduler": self.scheduler.state_dict(), "data": self.stream.state_dict(), "rng": rng[0],
                 "rng_per_rank": rng, "world_size": self.ctx.world_size, "backend": self.ctx.backend,
-                "losses": list(self.losses)}
+                "losses": list(self.losses), "lr": self.cfg.train.lr,
+                "grad_scaler": self.scaler.state_dict() if self.scaler is not None else None}
 
     def resume_from(self, path: Path) -> None:
         state = checkpoint.load_trainer_state(path)
@@ -163,7 +226,26 @@ class Trainer:
         self.stream.load_state_dict(state["data"])
         checkpoint.set_rng_state(state.get("rng_per_rank", [state["rng"]])[self.ctx.rank])
         self.step, self.losses = state["step"], list(state["losses"])
+        if self.scaler is not None and state.get("grad_scaler"):
+            self.scaler.load_state_dict(state["grad_scaler"])
+        self._apply_lr(path, state)
+        self.logger.rewind(self.step)  # metrics.jsonl: drop the steps after the checkpoint (they are redone)
         self.logger.info(f"resumed from {path} at step {self.step}")
+
+    def _apply_lr(self, path: Path, state: dict) -> None:
+        """The optimizer and scheduler states restore the checkpoint's base lr; a recipe that changed
+        train.lr gets its new lr from here on (on the same warmup/cosine schedule position)."""
+        lr = self.cfg.train.lr
+        old = state.get("lr", self.scheduler.base_lrs[0])
+        if all(abs(b - lr) <= 1e-12 * max(1.0, abs(lr)) for b in self.scheduler.base_lrs):
+            return
+        self.scheduler.base_lrs = [lr for _ in self.scheduler.base_lrs]
+        factors = [f(self.scheduler.last_epoch) for f in self.scheduler.lr_lambdas]
+        for group, factor in zip(self.optimizer.param_groups, factors):
+            group["initial_lr"], group["lr"] = lr, lr * factor
+        self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+        self.logger.info(f"train.lr changed from {old:g} (checkpoint {path}) to {lr:g}: applied from step "
+                         f"{self.step + 1} (this step's lr {self.optimizer.param_groups[0]['lr']:.3g})")
 
     def save(self, name: str) -> Path | None:
         """Collective: every rank takes part (sharded states are gathered); rank 0 writes the files."""
@@ -182,7 +264,7 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64)
         tokens = torch.zeros((), dtype=torch.float64)
         seen_tokens, t_target, t_drafter = 0, 0.0, 0.0
-        sums: dict[str, float] = {}
+        parts: list[tuple[dict, dict, float]] = []
         for micro in range(tc.grad_accum):  # 1.
             t0 = time.perf_counter()
             batch = move(next(self.stream), self.ctx.device)
@@ -191,17 +273,21 @@ class Trainer:
             with self.ctx.accumulate(last=micro == tc.grad_accum - 1):  # ranks sync gradients on the last only
                 with self.autocast():
                     out = self.model(batch)
-                self.ctx.backward(out.loss)
+                self.ctx.backward(self.scaler.scale(out.loss) if self.scaler is not None else out.loss)
             t_target, t_drafter = t_target + t1 - t0, t_drafter + time.perf_counter() - t1
             loss_sum += out.loss.detach().double().cpu()
             tokens += out.num_tokens
             seen_tokens += int(batch["attention_mask"].sum())
-            for key, value in out.metrics.items():
-                sums[key] = sums.get(key, 0.0) + value / tc.grad_accum
+            parts.append((out.metrics, out.weights, float(out.num_tokens)))
         seen = torch.tensor(float(seen_tokens), dtype=torch.float64)
         totals = self.ctx.all_reduce_sum(torch.stack([loss_sum, tokens, seen]))  # 2.
+        pooled: dict[str, tuple[float, float]] = {}
+        for rank_pooled in self.ctx.all_gather_object(pool_metrics(parts)):  # metrics weighted by tokens, all ranks
+            for key, (total, weight) in rank_pooled.items():
+                pooled[key] = (pooled.get(key, (0.0, 0.0))[0] + total, pooled.get(key, (0.0, 0.0))[1] + weight)
+        sums = pooled_means(pooled)
         grad_norm = self.ctx.optimizer_step(self.optimizer, self.drafter.trainable_parameters(),  # 2. + 3.
-                                            float(totals[1]), tc.max_grad_norm)
+                                            float(totals[1]), tc.max_grad_norm, self.scaler)
         self.scheduler.step()
         elapsed = t_target + t_drafter
         return {"loss": float(totals[0] / max(float(totals[1]), 1.0)), **sums, "lr": self.scheduler.get_last_lr()[0],
@@ -215,22 +301,27 @@ class Trainer:
         from draftsmith.data import collate
 
         self.drafter.eval()
-        sums, loss, tokens, n = {}, 0.0, 0, 0
+        parts, loss, tokens = [], 0.0, 0
         pad_id = self.target.tokenizer.pad_token_id or 0
         for start in range(0, len(self.heldout), self.cfg.train.batch_size):
             items = [self.heldout[i] for i in range(start, min(len(self.heldout), start + self.cfg.train.batch_size))]
             batch = features.complete(self.target, move(collate(items, pad_id), self.ctx.device), self.required, self.layers)
             out = self.drafter(batch)
-            loss, tokens, n = loss + float(out.loss), tokens + out.num_tokens, n + 1
-            for key, value in out.metrics.items():
-                sums[key] = sums.get(key, 0.0) + value
+            loss, tokens = loss + float(out.loss), tokens + out.num_tokens
+            parts.append((out.metrics, out.weights, float(out.num_tokens)))
         self.drafter.train()
-        return {"eval_loss": loss / max(tokens, 1), **{f"eval_{k}": v / max(n, 1) for k, v in sums.items()}}
+        means = pooled_means(pool_metrics(parts))  # weighted by tokens, as in training
+        return {"eval_loss": loss / max(tokens, 1), **{f"eval_{k}": v for k, v in means.items()}}
 
     # ------------------------------------------------------------------ the loop
     def run(self, stop_after: int | None = None) -> TrainResult:
         tc = self.cfg.train
-        resume = checkpoint.latest(self.output_dir) if tc.resume is True else (Path(tc.resume) if tc.resume else None)
+        if self.ctx.is_main:
+            stale = checkpoint.clean_stale_tmp(self.output_dir)  # interrupted checkpoint writes
+            if stale:
+                self.logger.info(f"removed {len(stale)} unfinished checkpoint write(s) from {self.output_dir}: {stale}")
+        self.ctx.barrier()
+        resume = self.resume_path
         if resume is not None:
             self.resume_from(resume)
         self.logger.info(f"training {self.drafter.kind} for {self.total_steps} steps "
@@ -261,6 +352,10 @@ class Trainer:
         return TrainResult(self.output_dir, final, list(self.losses), metrics, self.step)
 
 
-def train(cfg, target=None, stop_after: int | None = None) -> TrainResult:
-    """Train the drafter a recipe describes; returns losses and the final checkpoint path."""
-    return Trainer(cfg, target).run(stop_after=stop_after)
+def train(cfg, target=None, stop_after: int | None = None, overwrite: bool = False,
+          api_key_env: str | None = None) -> TrainResult:
+    """Train the drafter a recipe describes; returns losses and the final checkpoint path.
+
+    overwrite: start over in an output_dir that holds another run (its checkpoints and logs are
+    deleted); api_key_env: the variable holding the regeneration server's key (--api-key-env)."""
+    return Trainer(cfg, target, overwrite=overwrite, api_key_env=api_key_env).run(stop_after=stop_after)

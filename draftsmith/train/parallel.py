@@ -140,9 +140,11 @@ class ParallelContext:
         else:
             loss.backward()
 
-    def optimizer_step(self, optimizer, params: list, global_tokens: float, max_grad_norm: float) -> float:
+    def optimizer_step(self, optimizer, params: list, global_tokens: float, max_grad_norm: float,
+                       scaler=None) -> float:
         """Turn accumulated gradients of loss sums into d(mean over global loss tokens), clip, step.
-        Returns the gradient norm before clipping."""
+        Returns the gradient norm before clipping. `scaler` (fp16): a torch GradScaler whose scaled
+        losses were backpropagated; gradients are unscaled first and a step with inf/nan is skipped."""
         scale = self.grad_scale(global_tokens)
         if self.backend == "deepspeed":
             engine = self.model
@@ -151,13 +153,19 @@ class ParallelContext:
             engine.optimizer.override_loss_scale(1.0)
             norm = engine.get_global_grad_norm()
             return float(norm) if norm is not None else float("nan")
+        if scaler is not None:
+            scaler.unscale_(optimizer)  # fp16: divide out the loss scale (records inf/nan)
         for p in params:
             if p.grad is not None:
                 p.grad.mul_(scale)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
             grad_norm = grad_norm.full_tensor()
-        optimizer.step()
+        if scaler is not None:
+            scaler.step(optimizer)  # skipped when the gradients overflowed
+            scaler.update()
+        else:
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return float(grad_norm)
 
@@ -220,10 +228,32 @@ class ParallelContext:
         if not (engine_dir / "state").exists():
             raise FileNotFoundError(f"{engine_dir}/state is missing: {directory} was not written by the deepspeed "
                                     "backend; resume with the backend that wrote it, or warm start with train.init_from")
+        check_engine_files(engine_dir)  # DeepSpeed itself unpickles them with weights_only=False
         load_path, _ = self.model.load_checkpoint(str(engine_dir), tag="state", load_optimizer_states=True,
                                                   load_lr_scheduler_states=False)
         if load_path is None:
             raise RuntimeError(f"DeepSpeed could not load {engine_dir}/state")
+
+
+def check_engine_files(engine_dir: Path) -> None:
+    """DeepSpeed loads its checkpoint files with torch.load(weights_only=False), which runs any code a
+    received file plants. Read each file first with weights_only=True, allowing only the three
+    DeepSpeed classes its ZeRO states hold, and refuse the checkpoint when anything else is inside."""
+    import pickle
+
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    for file in sorted(Path(engine_dir).rglob("*.pt")):
+        try:
+            with torch.serialization.safe_globals([LossScaler, ZeroStageEnum, fragment_address]):
+                torch.load(file, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"{file} holds objects other than tensors, plain data and DeepSpeed's ZeRO state, which "
+                             f"could run code when loaded ({first}); refused. Resume only from checkpoints written "
+                             "by this draftsmith, or warm start from the weights with train.init_from") from None
 
 
 def _cpu_state(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -307,7 +337,7 @@ def shard_target(ctx: ParallelContext, target) -> None:
     final norm and lm_head stay replicated because the drafter shares them outside the target's forward."""
     from torch.distributed.fsdp import fully_shard
 
-    _ = target.fingerprint  # computed (and cached) from the full weights before they become shards
+    _ = target.fingerprint, target.legacy_fingerprint  # computed (and cached) from the full weights before sharding
     layers = getattr(getattr(target.model, "model", None), "layers", None)
     if layers is None:
         raise ValueError(f"target {target.name}: no model.layers to shard; keep the target replicated")

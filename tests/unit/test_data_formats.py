@@ -150,6 +150,6 @@ def test_max_samples_and_eval_samples(tmp_path):
                                          for i in range(10)])
     train, heldout, report = build_dataset(DataConfig(path=[path], max_samples=6, eval_samples=2), byte_tokenizer())
     assert (len(train), len(heldout)) == (4, 2) and report.stopped_at_max_samples
-    assert heldout[1]["id"] == "g.jsonl:6"
+    assert heldout[1]["id"] == f"{path}:6"  # ids carry the path as given: unique over folders
     with pytest.raises(ValueError, match="no usable training sequences"):
         build_dataset(DataConfig(path=[path], eval_samples=10), byte_tokenizer())

@@ -33,7 +33,7 @@ def test_prepare_regenerates_then_builds_the_cache(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "input 5 = success 5 (resumed 3) + error 0 + skipped 0 [ok]" in out
     rows = [json.loads(line) for line in open(tmp_path / "regen.jsonl")]
-    assert [r["id"] for r in rows] == [f"prompts.jsonl:{i}" for i in range(1, 6)]
+    assert [r["id"] for r in rows] == [f"{data}:{i}" for i in range(1, 6)]
     target = load(str(model_dir), device="cpu")
     manifest = json.loads((tmp_path / "cache" / "manifest.json").read_text())
     assert manifest["layers"] == [0, 1, 1] and manifest["target_fingerprint"] == target.fingerprint

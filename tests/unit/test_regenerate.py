@@ -63,7 +63,7 @@ def test_interrupted_run_resumes_with_exact_accounting(tmp_path, target):
     first = regenerate.regenerate([path], gen, out, batch_size=2, limit=4, log=lambda *_: None)
     assert (first.input, first.success, first.error, first.skipped) == (4, 3, 0, 1)
     with open(out, "a") as f:
-        f.write('{"id": "in.jsonl:9", "messa')  # a torn last line (killed mid-write)
+        f.write('{"id": "' + path + ':9", "messa')  # a torn last line (killed mid-write)
     second = regenerate.regenerate([path], gen, out, batch_size=2, log=lambda *_: None)
     assert second.torn_line_repaired
     assert second.input == n_input and second.success + second.error + second.skipped == second.input
@@ -73,7 +73,7 @@ def test_interrupted_run_resumes_with_exact_accounting(tmp_path, target):
     sidecar = json.loads(open(out + ".summary.json").read())
     assert sidecar["input"] == n_input and sidecar["success"] == n_input - 2 and sidecar["skips"]
     # multi-turn rows keep their structure; the old answers are gone
-    two_turn = next(r for r in rows if r["id"] == "in.jsonl:2")
+    two_turn = next(r for r in rows if r["id"] == f"{path}:2")
     assert [m["role"] for m in two_turn["messages"]] == ["user", "assistant", "user", "assistant"]
     assert all(m["content"] != "old answer" for m in two_turn["messages"])
     prompt_row = rows[-1]
@@ -135,16 +135,16 @@ def test_http_endpoint_with_one_failing_request(tmp_path, server, monkeypatch):
     monkeypatch.setenv("STUB_KEY", "sekrit")
     path, n_input = _data(tmp_path)
     out = str(tmp_path / "out.jsonl")
-    rc = RegenerateConfig(generator="openai", endpoint=server, model="stub", api_key_env="STUB_KEY",
-                          max_new_tokens=8, batch_size=3, timeout_s=10)
-    gen = regenerate.HTTPGenerator(rc, DataConfig())
+    rc = RegenerateConfig(generator="openai", endpoint=server, model="stub", max_new_tokens=8, batch_size=3,
+                          timeout_s=10)
+    gen = regenerate.HTTPGenerator(rc, DataConfig(), api_key_env="STUB_KEY")
     s = regenerate.regenerate([path], gen, out, batch_size=3, log=lambda *_: None)
     assert (s.input, s.error, s.skipped) == (n_input, 1, 2) and s.success == n_input - 3
     assert "HTTP 500" in next(iter(s.errors)) and any("error: HTTP 500" in e for e in s.examples)
     assert all(p == "/v1/chat/completions" and auth == "Bearer sekrit" for p, _, auth in _Stub.requests)
     rows = {r["id"]: r for r in _rows(out)}
     # turn 2 was asked with the regenerated turn-1 answer in its history
-    two = rows["in.jsonl:2"]["messages"]
+    two = rows[f"{path}:2"]["messages"]
     assert two[1]["content"] == "answer to [question 1.0] after 0 turns"
     assert two[3]["content"] == "answer to [question 1.1] after 1 turns"
     sent = next(b for _, b, _ in _Stub.requests if b["messages"][-1]["content"] == "question 1.1")
