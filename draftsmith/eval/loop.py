@@ -9,6 +9,8 @@ One round (DESIGN.md "Definitions"; Leviathan et al. 2023, Chen et al. 2023):
   4. rollback the target cache is cropped to the accepted prefix (cache.crop), never recomputed
   5. commit  context += d1..da, t; proposer.commit(context, a + 1, target output at those positions)
 k = 0 skips steps 1 and 5: plain target-only decoding through the same code (the speedup baseline).
+With LoopConfig.tree set, step 1 drafts a tree and steps 2-4 verify it in one forward with a tree
+attention mask, accept a path and gather that path's cache entries (eval/tree.py).
 
 Timing: draft = steps 1 + 5, verify = step 2, overhead = everything else in the round
 (verification arithmetic, cache crop, bookkeeping); measured with time.perf_counter, after
@@ -22,6 +24,7 @@ from typing import Optional
 
 import torch
 
+from draftsmith.eval import tree as tree_mod
 from draftsmith.eval.sampling import SamplingParams, logits_to_probs, sample, verify
 from draftsmith.target import Target, TargetOutput
 
@@ -32,6 +35,7 @@ class LoopConfig:
     max_new_tokens: int = 128  # generation stops at exactly this many new tokens
     sampling: SamplingParams = field(default_factory=SamplingParams)
     eos_ids: Optional[list[int]] = None  # None: the target's eos_ids (stories260K: [2, 1])
+    tree: Optional[tree_mod.TreeConfig] = None  # tree drafting (k then only gates the proposer: set it >= 1)
 
 
 @dataclass
@@ -151,6 +155,8 @@ class SpeculativeState:
 
     def step(self) -> RoundStats:
         """One round: draft, one verification forward, accept, roll back, commit."""
+        if self.cfg.tree is not None:
+            return self._step_tree()
         cfg, dev = self.cfg, self.device
         n_ctx = self.context.shape[0]
         remaining = cfg.max_new_tokens - len(self.new_tokens)
@@ -176,6 +182,34 @@ class SpeculativeState:
             self.proposer.commit(self.context, a + 1, slice_output(out, a + 1))
         t4 = _clock(dev)
         stats = RoundStats(proposed, a, committed, draft_s=(t1 - t0) + (t4 - t3), verify_s=t2 - t1, total_s=t4 - t0)
+        self.rounds.append(stats)
+        return stats
+
+    def _step_tree(self) -> RoundStats:
+        """One tree round: the same five steps, with a tree where the chain was (eval/tree.py)."""
+        cfg, dev = self.cfg, self.device
+        n_past = self.context.shape[0] - 1  # the cache holds every committed token but the last
+        depth = min(cfg.tree.depth, cfg.max_new_tokens - len(self.new_tokens) - 1)
+        t0 = _clock(dev)
+        empty = torch.empty(0, dtype=torch.long, device=dev)
+        tree = tree_mod.build(self.proposer, cfg.tree, depth) if depth > 0 else tree_mod.Tree.chain(empty)  # 1.
+        tree = tree_mod.Tree(tree.tokens.to(dev), tree.parents.to(dev), tree.depths.to(dev))
+        t1 = _clock(dev)
+        mask, positions = tree_mod.verify_inputs(tree, n_past, self.target.dtype)  # [1, 1, N+1, n_past+N+1], [1, N+1]
+        inputs = torch.cat([self.context[-1:], tree.tokens])[None]  # [1, N + 1]
+        out = self.target.forward(inputs, attention_mask=mask, cache=self.cache, position_ids=positions)  # 2.
+        t2 = _clock(dev)
+        verdict = tree_mod.verify_tree(tree, out.logits[0], cfg.sampling, self.generator)  # 3.
+        keep = tree_mod.keep_indices(verdict.path, n_past, dev)  # [n_past + 1 + a]
+        tree_mod.gather_cache(self.cache, keep)  # 4. gather, not crop
+        a = len(verdict.path)
+        committed = self._append(tree.tokens[verdict.path].tolist() + [verdict.token])
+        t3 = _clock(dev)
+        if depth > 0 and not self.done:  # 5. the target's outputs at the root and the accepted nodes
+            rows = keep[n_past:] - n_past  # [a + 1]
+            self.proposer.commit(self.context, a + 1, TargetOutput(out.logits[:, rows], tuple(h[:, rows] for h in out.hidden_states)))
+        t4 = _clock(dev)
+        stats = RoundStats(len(tree), a, committed, draft_s=(t1 - t0) + (t4 - t3), verify_s=t2 - t1, total_s=t4 - t0)
         self.rounds.append(stats)
         return stats
 
