@@ -35,7 +35,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", default="spec_bench",
                    help=f"comma-separated: {', '.join(sorted(set(workloads.WORKLOADS.names()) | set(workloads.GROUPS)))}, "
                         "jsonl:PATH")
-    p.add_argument("--k", type=int, default=5, help="draft tokens per round")
+    p.add_argument("--k", type=int, default=5, help="draft tokens per round (chain drafting)")
+    p.add_argument("--tree", choices=["dynamic", "static"], default=None,
+                   help="tree drafting: dynamic = EAGLE-2 expand + rerank; static = Medusa sparse tree (eval/tree.py)")
+    p.add_argument("--tree-depth", type=int, default=5, help="--tree: deepest draft position")
+    p.add_argument("--tree-topk", type=int, default=4, help="--tree: children per expanded node (static: ranks per depth)")
+    p.add_argument("--verify-budget", type=int, default=16, help="--tree: draft nodes verified per round")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy verification; > 0: exact stochastic")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -93,8 +98,14 @@ def main(args: argparse.Namespace) -> int:
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     names = workloads.expand([w.strip() for w in args.workloads.split(",") if w.strip()])
     target, proposer, drafter_id = _load(args)
+    tree = None
+    if args.tree:
+        from draftsmith.eval.tree import TreeConfig
+
+        tree = TreeConfig(args.tree, depth=args.tree_depth, topk=args.tree_topk, budget=args.verify_budget)
+        args.k = args.tree_depth  # k: the deepest draft position (per-position acceptance has that many entries)
     settings = runner.EvalSettings(
-        k=args.k, max_new_tokens=args.max_new_tokens, sampling=sampling, num_prompts=args.num_prompts or None,
+        tree=tree, k=args.k, max_new_tokens=args.max_new_tokens, sampling=sampling, num_prompts=args.num_prompts or None,
         warmup=args.warmup, seed=args.seed, prompt_format=args.prompt_format, data_dir=args.data_dir,
         check_lossless=args.check_lossless)
     rule = rule_name(sampling)
@@ -102,20 +113,23 @@ def main(args: argparse.Namespace) -> int:
               "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts, "seed": args.seed,
               "warmup": args.warmup, "dtype": str(target.dtype).removeprefix("torch."), "device": str(target.device),
               "verification": rule, "lossless_rule": VERIFICATION_RULES[rule], "prompt_format": args.prompt_format,
-              "eos_ids": target.eos_ids, "workloads": names, "first_turn_only": True}
+              "eos_ids": target.eos_ids, "workloads": names, "first_turn_only": True,
+              "tree": None if tree is None else vars(tree), "verify_budget": tree.budget if tree else args.k}
     if args.path:
         config["recipe"] = _recipe_dict(args.path)
     torch.manual_seed(args.seed)
     per_workload = {}
     for name in names:
-        print(f"[eval] {name}: {drafter_id['name']} k={args.k} ...", flush=True)
+        shape = f"tree={tree.kind} depth={tree.depth} topk={tree.topk} budget={tree.budget}" if tree else f"k={args.k}"
+        print(f"[eval] {name}: {drafter_id['name']} {shape} ...", flush=True)
         per_workload[name] = runner.run_workload(target, proposer, name, settings)
     command = "draftsmith eval " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["eval"] else \
         "draftsmith eval (function call)"
     out = results.build(command, config, target.identity(), drafter_id, target.device, per_workload, args.check_lossless)
     print(results.table(out))
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = args.out or Path("results") / f"{drafter_id['kind']}-k{args.k}-t{args.temperature:g}-{stamp}.json"
+    shape = f"tree{tree.budget}" if tree else f"k{args.k}"
+    path = args.out or Path("results") / f"{drafter_id['kind']}-{shape}-t{args.temperature:g}-{stamp}.json"
     print(f"[eval] results written to {results.write(out, path)}")
     if args.check_lossless and not out["lossless"]["passed"]:
         print("[eval] --check-lossless FAILED: speculative greedy output differs from target-only output", file=sys.stderr)

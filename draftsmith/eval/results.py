@@ -96,7 +96,9 @@ def _fmt(x, spec: str = ".2f") -> str:
 def table(results: dict) -> str:
     """A readable per-workload table: tau, alpha, per-position acceptance, tokens/s, speedup, latency."""
     cfg = results["config"]
-    head = (f"{results['drafter'].get('name')} on {results['target'].get('name')}  k={cfg['k']} "
+    tree = cfg.get("tree")
+    shape = f"tree={tree['kind']} depth={tree['depth']} topk={tree['topk']} budget={tree['budget']}" if tree else f"k={cfg['k']}"
+    head = (f"{results['drafter'].get('name')} on {results['target'].get('name')}  {shape} "
             f"T={cfg['temperature']} top_k={cfg['top_k']} top_p={cfg['top_p']} max_new={cfg['max_new_tokens']} "
             f"({cfg['verification']}, {'lossless' if cfg['lossless_rule'] else 'LOSSY'})")
     cols = f"{'workload':<26}{'n':>4}{'tau':>6}{'alpha':>7}  {'per-position':<24}{'tgt tok/s':>10}{'spec tok/s':>11}" \

@@ -13,6 +13,7 @@ import torch
 from draftsmith.eval import metrics, workloads
 from draftsmith.eval.loop import Generation, LoopConfig, generate
 from draftsmith.eval.sampling import SamplingParams
+from draftsmith.eval.tree import TreeConfig
 
 
 @dataclass
@@ -27,6 +28,7 @@ class EvalSettings:
     data_dir: Optional[Path] = None
     check_lossless: bool = False
     eos_ids: Optional[list[int]] = None
+    tree: Optional[TreeConfig] = None  # tree drafting (k is then the tree depth)
 
 
 def first_difference(a: list[int], b: list[int]) -> Optional[int]:
@@ -40,7 +42,8 @@ def first_difference(a: list[int], b: list[int]) -> Optional[int]:
 def _run(target, proposer, ids: torch.Tensor, k: int, s: EvalSettings, sampling: SamplingParams,
          seed: int) -> Generation:
     gen = torch.Generator(device=target.device).manual_seed(seed)
-    cfg = LoopConfig(k=k, max_new_tokens=s.max_new_tokens, sampling=sampling, eos_ids=s.eos_ids)
+    cfg = LoopConfig(k=k, max_new_tokens=s.max_new_tokens, sampling=sampling, eos_ids=s.eos_ids,
+                     tree=s.tree if k else None)
     return generate(target, proposer if k else None, ids, cfg, gen)
 
 
