@@ -41,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-depth", type=int, default=5, help="--tree: deepest draft position")
     p.add_argument("--tree-topk", type=int, default=4, help="--tree: children per expanded node (static: ranks per depth)")
     p.add_argument("--verify-budget", type=int, default=16, help="--tree: draft nodes verified per round")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="also decode B requests together (batched rounds; chain drafting) and report tokens/s, TPOT, speedup")
+    p.add_argument("--concurrency-sweep", default=None, help="comma-separated batch sizes, e.g. 1,2,4,8,16,32")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy verification; > 0: exact stochastic")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -117,12 +120,19 @@ def main(args: argparse.Namespace) -> int:
               "tree": None if tree is None else vars(tree), "verify_budget": tree.budget if tree else args.k}
     if args.path:
         config["recipe"] = _recipe_dict(args.path)
+    batch_sizes = _batch_sizes(args)
+    if batch_sizes and tree is not None:
+        raise SystemExit("--batch-size/--concurrency-sweep decode chains: drop --tree for a batched run")
+    config["batch_sizes"] = batch_sizes
     torch.manual_seed(args.seed)
     per_workload = {}
     for name in names:
         shape = f"tree={tree.kind} depth={tree.depth} topk={tree.topk} budget={tree.budget}" if tree else f"k={args.k}"
         print(f"[eval] {name}: {drafter_id['name']} {shape} ...", flush=True)
         per_workload[name] = runner.run_workload(target, proposer, name, settings)
+        if batch_sizes:
+            print(f"[eval] {name}: batched decoding, B in {batch_sizes} ...", flush=True)
+            per_workload[name]["batched"] = runner.run_batched(target, proposer, name, settings, batch_sizes)
     command = "draftsmith eval " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["eval"] else \
         "draftsmith eval (function call)"
     out = results.build(command, config, target.identity(), drafter_id, target.device, per_workload, args.check_lossless)
@@ -131,10 +141,25 @@ def main(args: argparse.Namespace) -> int:
     shape = f"tree{tree.budget}" if tree else f"k{args.k}"
     path = args.out or Path("results") / f"{drafter_id['kind']}-{shape}-t{args.temperature:g}-{stamp}.json"
     print(f"[eval] results written to {results.write(out, path)}")
+    if args.check_lossless and not all(r.get("lossless", True) for w in per_workload.values() for r in w.get("batched", [])):
+        print("[eval] --check-lossless FAILED: batched greedy output differs from batch-1 target-only output", file=sys.stderr)
+        return 1
     if args.check_lossless and not out["lossless"]["passed"]:
         print("[eval] --check-lossless FAILED: speculative greedy output differs from target-only output", file=sys.stderr)
         return 1
     return 0
+
+
+def _batch_sizes(args) -> list[int]:
+    sizes = [args.batch_size] if args.batch_size else []
+    if args.concurrency_sweep:
+        try:
+            sizes += [int(x) for x in args.concurrency_sweep.split(",") if x.strip()]
+        except ValueError:
+            raise SystemExit(f"--concurrency-sweep {args.concurrency_sweep!r}: give comma-separated integers, e.g. 1,2,4,8") from None
+    if any(b < 1 for b in sizes):
+        raise SystemExit(f"batch sizes must be >= 1, got {sizes}")
+    return sorted(set(sizes))
 
 
 def _recipe_dict(path: str) -> dict | None:
