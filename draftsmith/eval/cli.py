@@ -137,6 +137,8 @@ def main(args: argparse.Namespace) -> int:
         "draftsmith eval (function call)"
     out = results.build(command, config, target.identity(), drafter_id, target.device, per_workload, args.check_lossless)
     print(results.table(out))
+    for line in _does_it_pay(out, args.k if tree is None else None):
+        print(line)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     shape = f"tree{tree.budget}" if tree else f"k{args.k}"
     path = args.out or Path("results") / f"{drafter_id['kind']}-{shape}-t{args.temperature:g}-{stamp}.json"
@@ -148,6 +150,26 @@ def main(args: argparse.Namespace) -> int:
         print("[eval] --check-lossless FAILED: speculative greedy output differs from target-only output", file=sys.stderr)
         return 1
     return 0
+
+
+def _does_it_pay(out: dict, k: int | None) -> list[str]:
+    """Say plainly, per workload, when speculation does not pay here: the measured median speedup is
+    below 1, or the speedup model (report/speedup_model.py, from this run's costs) puts the best k at 0."""
+    from draftsmith.report import speedup_model
+
+    lines = []
+    for name, w in out["workloads"].items():
+        a = w["aggregate"]
+        measured = (a.get("speedup") or {}).get("median")
+        best = None
+        costs = speedup_model.costs_from_aggregate(a, k) if k else None
+        if costs is not None and a.get("per_position_acceptance"):
+            best = speedup_model.best_k(speedup_model.predict_all(a["per_position_acceptance"], costs, k)).k
+        if best == 0 or (measured is not None and measured < 1.0):
+            why = f"measured median speedup {measured:.2f}" if measured is not None else "no measured speedup"
+            model = f"; the speedup model's best k is {best}" if best is not None else ""
+            lines.append(f"[eval] {name}: speculation does not pay here ({why}{model}): target-only decoding is faster")
+    return lines
 
 
 def _batch_sizes(args) -> list[int]:
