@@ -115,6 +115,11 @@ def table(results: dict) -> str:
     split = [f"{n}: draft {_fmt(w['aggregate']['time_split']['draft'])} verify {_fmt(w['aggregate']['time_split']['verify'])} "
              f"overhead {_fmt(w['aggregate']['time_split']['overhead'])}" for n, w in results["workloads"].items()]
     lines += ["time split of speculative rounds:"] + ["  " + s for s in split]
+    for n, w in results["workloads"].items():
+        ctx = w["aggregate"].get("by_context")
+        if ctx and len(ctx) > 1:
+            lines.append(f"tau by context ({n}): " + "  ".join(f"{b['lo']}-{b['hi']}: {b['acceptance_length']:.2f}"
+                                                               for b in ctx))
     ll = results["lossless"]
     if ll["checked"]:
         lines.append("lossless check: " + ("PASSED on every prompt" if ll["passed"] else

@@ -10,7 +10,7 @@ from typing import Callable, Optional
 
 import torch
 
-from draftsmith.eval import metrics, workloads
+from draftsmith.eval import bins, metrics, workloads
 from draftsmith.eval.loop import Generation, LoopConfig, generate
 from draftsmith.eval.sampling import SamplingParams
 from draftsmith.eval.tree import TreeConfig
@@ -83,7 +83,8 @@ def run_workload(target, proposer, name: str, s: EvalSettings, log: Callable[[st
         else:
             spec = _run(target, proposer, ids, s.k, s, s.sampling, seed)
             base = _run(target, proposer, ids, 0, s, s.sampling, seed)
-        req = {"id": item["id"], **metrics.request_metrics(spec, base, s.k), "prompt_truncated": truncated}
+        req = {"id": item["id"], **metrics.request_metrics(spec, base, s.k), "prompt_truncated": truncated,
+               "_rounds": bins.round_records(spec)}
         if s.check_lossless:
             mismatch = _lossless(target, proposer, item["id"], ids, spec, base, s, seed)
             req["lossless"] = mismatch is None
@@ -95,9 +96,11 @@ def run_workload(target, proposer, name: str, s: EvalSettings, log: Callable[[st
             req["lossless"] = None
         requests.append(req)
     aggregate = metrics.aggregate(requests, s.k)
+    aggregate.update(bins.aggregate(requests))  # acceptance by context, output position, prompt length
     aggregate["peak_memory_mb"], aggregate["peak_memory_source"] = metrics.peak_memory_mb(target.device)
     for req in requests:
         req.pop("_costs")
+        req.pop("_rounds")
     return {"num_requests": len(requests), "num_truncated_prompts": sum(r["prompt_truncated"] for r in requests),
             "aggregate": aggregate, "lossless_mismatches": mismatches, "requests": requests}
 
