@@ -87,3 +87,16 @@ def test_profile_cli_then_export_copies_it(tmp_path):
     assert side["speedup_profile"]["recommended_num_speculative_tokens"] == rec
     if rec >= 1:
         assert side["num_speculative_tokens"] == rec
+    # the leaderboard plots the profile (and acceptance against context for results that carry it)
+    from tests.report.result_files import make_result, workload
+
+    res = make_result(workloads={"long_context": workload(2.0, [0.8, 0.5, 0.4])})
+    res["workloads"]["long_context"]["aggregate"]["by_context"] = [
+        {"lo": 64, "hi": 128, "rounds": 3, "acceptance_length": 2.2, "acceptance_rate": 0.4},
+        {"lo": 256, "hi": 512, "rounds": 5, "acceptance_length": 1.6, "acceptance_rate": 0.2}]
+    (tmp_path / "r.json").write_text(json.dumps(res))
+    assert cli_main(["leaderboard", str(tmp_path / "r.json"), "--profile", str(ckpt / profile.PROFILE_FILE),
+                     "--out", str(tmp_path / "lb")]) == 0
+    names = [p.name for p in (tmp_path / "lb" / "plots").iterdir()]
+    assert any("acceptance-vs-context" in n for n in names) and any(n.startswith("profile-1-") for n in names)
+    assert "Speedup profiles" in (tmp_path / "lb" / "README.md").read_text()
