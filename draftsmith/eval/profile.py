@@ -6,12 +6,13 @@ written to RUN/speedup_profile.json (beside the drafter; `draftsmith export` cop
 
 What it measures, on this hardware:
   1. per-position acceptance per workload (batch-1 chain runs at k = k_max, greedy);
-  2. the draft cost per draft token and the loop's per-row overhead per round (same runs);
+  2. the draft cost (propose per draft token, commit per round; same runs) and the batched loop's own
+     per-row cost per round (one target-only and one speculative batch of --overhead-batch rows);
   3. the target's verification cost T(B, w, context) for B rows of w tokens each (tokens in flight
      B * w) over a grid of batch sizes, widths 1..k_max+1 and context lengths.
 Model (Leviathan et al. 2023 sec. 3, per-position acceptance as in report/speedup_model.py; batched):
   E[tau](k)          = 1 + sum_{i<=k} prod_{j<=i} a_j
-  round(B, k, c)     = T(B, k+1, c) + B * (k * draft_step + overhead_spec)   (drafting runs row by row)
+  round(B, k, c)     = T(B, k+1, c) + B * (k * propose + commit + overhead_spec)   (drafting runs row by row)
   step(B, c)         = T(B, 1, c) + B * overhead_target
   speedup(B, k, c)   = E[tau](k) * step(B, c) / round(B, k, c)
 Then: the best k per batch size, the batch above which speculation stops paying (best k = 0), and,
@@ -49,6 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batches", default="1,2,4,8,16,32", help="batch sizes of the verify-cost grid and predictions")
     p.add_argument("--contexts", default="64,256", help="context lengths of the verify-cost grid")
     p.add_argument("--repeats", type=int, default=10, help="timed forwards per grid point (minimum)")
+    p.add_argument("--overhead-batch", type=int, default=8, help="batch size of the loop-overhead measurement")
     p.add_argument("--validate-batches", default="", help="e.g. 1,4,16: measure batched runs and state the error")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", type=Path, default=None, help=f"default: PATH/{PROFILE_FILE}")
@@ -64,26 +66,67 @@ def _ints(text: str, flag: str) -> list[int]:
     return out
 
 
+class _Timed:
+    """Wraps a proposer and times its propose() (per draft token) and commit() calls."""
+
+    def __init__(self, proposer):
+        self.inner, self.name = proposer, getattr(proposer, "name", "proposer")
+        self.propose_per_token: list[float] = []
+        self.commit_s: list[float] = []
+
+    def begin(self, prompt_ids):
+        self.inner.begin(prompt_ids)
+        self.in_prefill = True
+
+    def commit(self, context, num_new, target_out):
+        t0 = _clock(context.device)
+        self.inner.commit(context, num_new, target_out)
+        if not self.in_prefill:  # the prefill's commit is not a round's
+            self.commit_s.append(_clock(context.device) - t0)
+        self.in_prefill = False
+
+    def propose(self, context, k, sampling, generator=None):
+        t0 = _clock(context.device)
+        draft = self.inner.propose(context, k, sampling, generator)
+        self.propose_per_token.append((_clock(context.device) - t0) / max(1, k))
+        return draft
+
+
 def measure_acceptance(target, proposer, prompts: list[torch.Tensor], k_max: int, max_new: int) -> dict:
-    """Batch-1 chain runs at k_max: per-position acceptance, draft cost per token, per-row overheads."""
+    """Batch-1 chain runs at k_max: per-position acceptance and the draft cost (propose per draft
+    token; commit per round)."""
     accepted, reached = [0] * k_max, [0] * k_max
-    draft_step, over_spec, over_base, prompt_lens = [], [], [], []
+    timed, prompt_lens = _Timed(proposer), []
     for ids in prompts:
-        base = generate(target, None, ids, LoopConfig(k=0, max_new_tokens=max_new))
-        spec = generate(target, proposer, ids, LoopConfig(k=k_max, max_new_tokens=max_new))
+        spec = generate(target, timed, ids, LoopConfig(k=k_max, max_new_tokens=max_new))
         prompt_lens.append(ids.shape[0])
-        over_base += [r.overhead_s for r in base.rounds]
         for r in spec.rounds:
-            over_spec.append(r.overhead_s)
-            if r.proposed:
-                draft_step.append(r.draft_s / r.proposed)
             for i in range(min(r.proposed, k_max)):
                 reached[i] += i <= r.accepted
                 accepted[i] += i < r.accepted
     return {"per_position": [a / n if n else None for a, n in zip(accepted, reached)],
             "prompt_tokens_mean": statistics.fmean(prompt_lens),
-            "draft_step_s": _low(draft_step), "overhead_spec_s": _low(over_spec), "overhead_target_s": _low(over_base),
-            "cost_statistic": "10th percentile of per-round samples (unpreempted cost on a shared machine)"}
+            "draft_step_s": _low(timed.propose_per_token), "draft_commit_s": _low(timed.commit_s)}
+
+
+def measure_loop_overhead(target, proposer, prompts: list[torch.Tensor], B: int, k: int, max_new: int) -> dict:
+    """The batched loop's own cost per row and round (round time - verify forward - drafting) / rows,
+    target-only and speculative at k, from one batch of B requests (prompts reused cyclically)."""
+    import copy
+
+    from draftsmith.eval.loop import generate_batch
+
+    ids = [prompts[i % len(prompts)] for i in range(B)]
+    out = {}
+    for label, kk in (("overhead_target_s", 0), ("overhead_spec_s", k)):
+        gens = generate_batch(target, [copy.copy(proposer) if kk else None for _ in ids], ids,
+                              LoopConfig(k=kk, max_new_tokens=max_new))
+        samples = []
+        for j in range(max(len(g.rounds) for g in gens)):
+            rows = [g.rounds[j] for g in gens if len(g.rounds) > j]
+            samples.append((rows[0].total_s - rows[0].verify_s - sum(r.draft_s for r in rows)) / len(rows))
+        out[label] = _low(samples)
+    return out
 
 
 def _low(values: list[float]) -> float:
@@ -95,9 +138,9 @@ def _low(values: list[float]) -> float:
 def measure_verify(target, batches: list[int], widths: list[int], contexts: list[int], repeats: int) -> list[dict]:
     """Seconds of one target forward of B rows x w new tokens after a context of c tokens, with the
     batched loop's 4D mask and position ids: the MINIMUM over repeats (on a shared machine a forward
-    that gets time-sliced costs 3-5x more; the minimum is the unpreempted cost, and the loop's
-    own costs below use a low quantile for the same reason). Widths are timed round-robin within
-    each repeat; `seconds` is made non-decreasing in w (raw minima and medians are kept)."""
+    that gets time-sliced costs 3-15x more; the minimum is the unpreempted cost, and the loop's
+    own costs use a low quantile for the same reason). Widths are timed round-robin within each
+    repeat. `seconds` is the fitted cost (fit_verify_cost); raw minima and medians are kept."""
     from transformers import DynamicCache
 
     gen = torch.Generator().manual_seed(0)
@@ -119,17 +162,54 @@ def measure_verify(target, batches: list[int], widths: list[int], contexts: list
                     cache.crop(-w)
                     if rep:
                         times[w].append(dt)
-            running = 0.0
             for w in widths:
-                running = max(running, min(times[w]))
-                rows.append({"context": c, "batch": B, "width": w, "tokens_in_flight": B * w, "seconds": running,
+                rows.append({"context": c, "batch": B, "width": w, "tokens_in_flight": B * w,
                              "seconds_raw_min": min(times[w]), "seconds_raw_median": statistics.median(times[w])})
+    fit_verify_cost(rows)
     return rows
 
 
+def fit_verify_cost(rows: list[dict], rounds: int = 4) -> list[float]:
+    """Fit T = a + b*n + e*n*c + f*B (n = B*w tokens in flight, c context: fixed cost per forward,
+    per token, attention per token and context, per row) to the raw minima, then set each row's
+    `seconds` to the fit. Robust to time-slicing, whose outliers lie only ABOVE the true cost:
+    1. least squares on RELATIVE error (each point's pull is bounded, so a 10x outlier cannot drag
+       the fit), with non-negative coefficients (a negative one is dropped and the rest refitted);
+    2. drop points above 1.5x the fitted value and refit, up to `rounds` times.
+    Returns [a, b, e, f]."""
+    def features(r):
+        n = r["batch"] * r["width"]
+        return [1.0, n, n * r["context"], r["batch"]]
+
+    def solve(idx):
+        X = torch.tensor([features(rows[i]) for i in idx], dtype=torch.float64)
+        y = torch.tensor([rows[i]["seconds_raw_min"] for i in idx], dtype=torch.float64)
+        active = list(range(4))
+        while True:
+            sol = torch.linalg.lstsq(X[:, active] / y[:, None], torch.ones_like(y)[:, None]).solution[:, 0]  # 1.
+            if (sol >= 0).all() or len(active) == 1:
+                coef = torch.zeros(4, dtype=torch.float64)
+                coef[active] = sol.clamp_min(0.0)
+                return coef, X @ coef, y
+            active.pop(int(sol.argmin()))
+
+    keep = list(range(len(rows)))
+    for _ in range(rounds):  # 2.
+        coef, pred, y = solve(keep)
+        kept = [i for i, ok in zip(keep, (y <= 1.5 * pred).tolist()) if ok]
+        if len(kept) < 4 or kept == keep:
+            break
+        keep = kept
+    coef = solve(keep)[0]
+    for r in rows:
+        r["seconds"] = float(torch.tensor(features(r), dtype=torch.float64) @ coef)
+        r["fit_outlier"] = r["seconds_raw_min"] > 1.5 * r["seconds"]
+    return coef.tolist()
+
+
 def verify_cost(table: list[dict], B: int, w: int, context: float) -> float:
-    """T(B, w, context) from the grid: exact B and w, linear in context between measured ones
-    (the nearest measured context outside them)."""
+    """T(B, w, context) from the grid's fitted `seconds`: exact B and w, linear in context between
+    measured ones (the nearest measured context outside them)."""
     pts = sorted((r["context"], r["seconds"]) for r in table if r["batch"] == B and r["width"] == w)
     if not pts:
         raise KeyError(f"no verify cost measured for batch {B}, width {w}")
@@ -147,7 +227,8 @@ def predict(acc: dict, table: list[dict], B: int, k: int, context: float) -> dic
     if k == 0:
         return {"batch": B, "k": 0, "expected_tau": 1.0, "speedup": 1.0}
     tau, _ = expected_tau([a if a is not None else float("nan") for a in acc["per_position"]], k)
-    rnd = verify_cost(table, B, k + 1, context) + B * (k * acc["draft_step_s"] + acc["overhead_spec_s"])
+    draft = k * acc["draft_step_s"] + acc.get("draft_commit_s", 0.0)  # per row and round
+    rnd = verify_cost(table, B, k + 1, context) + B * (draft + acc["overhead_spec_s"])
     return {"batch": B, "k": k, "expected_tau": tau, "speedup": tau * step / rnd}
 
 
@@ -182,6 +263,8 @@ def main(args: argparse.Namespace) -> int:
         prompts = [workloads.encode(it, target.tokenizer, "auto", (limit or 10**9) - args.max_new_tokens)[0] for it in items]
         print(f"[profile] {name}: acceptance at k = {args.k_max} over {len(prompts)} prompts", flush=True)
         acc = measure_acceptance(target, proposer, prompts, args.k_max, args.max_new_tokens)
+        acc.update(measure_loop_overhead(target, proposer, prompts, args.overhead_batch, args.k_max, args.max_new_tokens))
+        acc["cost_statistic"] = "10th percentile of per-call / per-round samples (unpreempted cost on a shared machine)"
         acceptance[name] = acc
         ctx = acc["prompt_tokens_mean"] + args.max_new_tokens / 2  # the mean context of a decode round
         recs[name] = recommend(acc, table, batches, args.k_max, ctx)
@@ -205,7 +288,7 @@ def main(args: argparse.Namespace) -> int:
         "command": "draftsmith profile " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
         "drafter": {"kind": loaded.drafter.kind, "path": str(args.path)}, "target": target.identity(),
         "hardware": results.hardware(target.device), "software": results.software(),
-        "model": "speedup(B,k,c) = E[tau](k) * (T(B,1,c) + B*o_t) / (T(B,k+1,c) + B*(k*d + o_s)); see draftsmith/eval/profile.py",
+        "model": "speedup(B,k,c) = E[tau](k) * (T(B,1,c) + B*o_t) / (T(B,k+1,c) + B*(k*d + commit + o_s)); see draftsmith/eval/profile.py",
         "settings": {"k_max": args.k_max, "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts,
                      "workloads": names, "batches": batches, "contexts": contexts, "repeats": args.repeats,
                      "threads": torch.get_num_threads()},

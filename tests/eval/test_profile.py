@@ -100,3 +100,15 @@ def test_profile_cli_then_export_copies_it(tmp_path):
     names = [p.name for p in (tmp_path / "lb" / "plots").iterdir()]
     assert any("acceptance-vs-context" in n for n in names) and any(n.startswith("profile-1-") for n in names)
     assert "Speedup profiles" in (tmp_path / "lb" / "README.md").read_text()
+
+
+def test_verify_cost_fit_ignores_preempted_samples():
+    """Time-sliced forwards only ever cost MORE: the fit recovers the cost law from the rest."""
+    true = lambda B, w, c: 2e-3 + 5e-5 * B * w + 1e-7 * B * w * c  # noqa: E731
+    rows = [{"batch": B, "width": w, "context": c, "seconds_raw_min": true(B, w, c)}
+            for c in (64, 256) for B in (1, 4, 16) for w in (1, 2, 3, 4)]
+    for i in (3, 7, 12, 20):  # four samples caught a preemption: 5-12x slower
+        rows[i]["seconds_raw_min"] *= 5 + i % 8
+    a, b, e, f = profile.fit_verify_cost(rows)
+    assert abs(a - 2e-3) < 1e-5 and abs(b - 5e-5) < 2e-6 and abs(e - 1e-7) < 1e-8 and f < 1e-6
+    assert [r["fit_outlier"] for r in rows].count(True) == 4
