@@ -58,7 +58,7 @@ def test_stories_batched_speculative_equals_target_only(stories_target):
     t = stories_target
     texts = ["Once upon a time", "Tom and Lily went to the park. They saw", "The little dog was sad because"]
     prompts = [t.tokenizer(x, return_tensors="pt").input_ids[0] for x in texts]
-    base = [generate(t, None, p, LoopConfig(k=0, max_new_tokens=40)).tokens for p in prompts]
+    base = [generate(t, None, p, LoopConfig(k=0, max_new_tokens=24)).tokens for p in prompts]
     dl = proposers.DraftModelProposer(proposers.layer_truncated_copy(t.model, 2), t.vocab_size)
-    gens = generate_batch(t, [copy.copy(dl) for _ in prompts], prompts, LoopConfig(k=4, max_new_tokens=40))
+    gens = generate_batch(t, [copy.copy(dl) for _ in prompts], prompts, LoopConfig(k=4, max_new_tokens=24))
     assert [g.tokens for g in gens] == base

@@ -128,7 +128,7 @@ def test_stochastic_tree_reproduces_the_joint_of_two_tokens():
     tree = tree_mod.Tree(torch.tensor([1, 2, 3, 0, 4]), torch.tensor([-1, -1, 0, 0, 1]), torch.tensor([1, 1, 2, 2, 2]))
     logits = torch.stack([table[root]] + [table[t] for t in tree.tokens.tolist()])  # [N+1, V]
     counts = torch.zeros(V * V)
-    for _ in range(N):
+    for _ in range(N // 2):
         v = tree_mod.verify_tree(tree, logits, params, gen)
         seq = tree.tokens[v.path].tolist() + [v.token]
         if len(seq) < 2:  # the next round would draw the second token from p(. | first)
@@ -138,7 +138,7 @@ def test_stochastic_tree_reproduces_the_joint_of_two_tokens():
     assert chi_square_pvalue(counts, joint) > 1e-3
     # power: a tree rule that accepted the first child always would not give p
     wrong = torch.zeros(V * V)
-    wrong[1 * V + 3] = N
+    wrong[1 * V + 3] = N // 2
     assert chi_square_pvalue(wrong, joint) < 1e-6
 
 
@@ -216,3 +216,14 @@ def test_siblings_do_not_leak_into_a_nodes_draft(kind):
 
     torch.testing.assert_close(run([50, 60, 77]), run([77]), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(run([50, 60, 77]), run([50, 60, 78]), atol=1e-4)  # the parent's token matters
+
+
+def test_stochastic_tree_loop_runs_to_length():
+    t = tiny_target(num_layers=2, hidden=32, vocab=128, seed=1)
+    from draftsmith.eval import proposers
+
+    proposer = proposers.DraftModelProposer(t.model, t.vocab_size)  # q = p: deep acceptance at T = 1
+    cfg = LoopConfig(k=3, max_new_tokens=20, eos_ids=[], sampling=SamplingParams(1.0),
+                     tree=tree_mod.TreeConfig("dynamic", depth=3, topk=2, budget=6))
+    g = generate(t, proposer, torch.tensor([1, 40, 41]), cfg, torch.Generator().manual_seed(0))
+    assert len(g.tokens) == 20 and max(r.accepted for r in g.rounds) >= 1
