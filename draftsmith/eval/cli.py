@@ -41,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-depth", type=int, default=5, help="--tree: deepest draft position")
     p.add_argument("--tree-topk", type=int, default=4, help="--tree: children per expanded node (static: ranks per depth)")
     p.add_argument("--verify-budget", type=int, default=16, help="--tree: draft nodes verified per round")
+    p.add_argument("--tree-calibrate", default=None, metavar="WORKLOAD",
+                   help="--tree static: build the sparse tree from per-position top-k acceptance measured on "
+                        "--num-prompts prompts of WORKLOAD (default: a stated prior); use prompts you do not evaluate on")
     p.add_argument("--batch-size", type=int, default=None,
                    help="also decode B requests together (batched rounds; chain drafting) and report tokens/s, TPOT, speedup")
     p.add_argument("--concurrency-sweep", default=None, help="comma-separated batch sizes, e.g. 1,2,4,8,16,32")
@@ -106,6 +109,18 @@ def main(args: argparse.Namespace) -> int:
         from draftsmith.eval.tree import TreeConfig
 
         tree = TreeConfig(args.tree, depth=args.tree_depth, topk=args.tree_topk, budget=args.verify_budget)
+        if args.tree_calibrate:
+            if args.tree != "static":
+                raise SystemExit("--tree-calibrate builds a static tree: use it with --tree static")
+            from draftsmith.eval.tree import measure_topk_acceptance
+
+            limit = getattr(target.config, "max_position_embeddings", None) or 10**9
+            items = workloads.load(args.tree_calibrate, args.data_dir, args.num_prompts or None)
+            calib = [workloads.encode(i, target.tokenizer, args.prompt_format, limit - args.max_new_tokens)[0] for i in items]
+            tree.acceptance = measure_topk_acceptance(target, proposer, calib, args.tree_depth, args.tree_topk,
+                                                      args.max_new_tokens)
+            print("[eval] static tree from measured top-k acceptance on " + args.tree_calibrate + ": " +
+                  " | ".join(" ".join(f"{a:.2f}" for a in row) for row in tree.acceptance), flush=True)
         args.k = args.tree_depth  # k: the deepest draft position (per-position acceptance has that many entries)
     settings = runner.EvalSettings(
         tree=tree, k=args.k, max_new_tokens=args.max_new_tokens, sampling=sampling, num_prompts=args.num_prompts or None,

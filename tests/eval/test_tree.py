@@ -227,3 +227,18 @@ def test_stochastic_tree_loop_runs_to_length():
                      tree=tree_mod.TreeConfig("dynamic", depth=3, topk=2, budget=6))
     g = generate(t, proposer, torch.tensor([1, 40, 41]), cfg, torch.Generator().manual_seed(0))
     assert len(g.tokens) == 20 and max(r.accepted for r in g.rounds) >= 1
+
+
+def test_measured_topk_acceptance_builds_the_static_tree():
+    from draftsmith.eval import proposers
+
+    t = tiny_target(num_layers=2, hidden=32, vocab=128, seed=1)
+    prompts = [torch.tensor([1, 40, 41]), torch.tensor([1, 7, 8, 9])]
+    same = tree_mod.measure_topk_acceptance(t, proposers.DraftModelProposer(t.model, t.vocab_size), prompts, 3, 2, 12)
+    assert [row[0] for row in same] == [1.0, 1.0, 1.0]  # the target as its own drafter: always rank 0
+    heads = _heads("medusa", t)  # 3 heads: depth is capped there
+    acc = tree_mod.measure_topk_acceptance(t, heads, prompts, 5, 3, 12)
+    assert len(acc) == 3 and all(0 <= sum(row) <= 1 + 1e-9 for row in acc)
+    cfg = tree_mod.TreeConfig("static", depth=3, topk=3, budget=5, acceptance=acc)
+    base = generate(t, None, prompts[0], LoopConfig(k=0, max_new_tokens=12, eos_ids=[])).tokens
+    assert generate(t, heads, prompts[0], LoopConfig(k=3, max_new_tokens=12, eos_ids=[], tree=cfg)).tokens == base
