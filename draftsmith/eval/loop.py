@@ -10,8 +10,9 @@ One round (DESIGN.md "Definitions"; Leviathan et al. 2023, Chen et al. 2023):
   5. commit  context += d1..da, t; proposer.commit(context, a + 1, target output at those positions)
 k = 0 skips steps 1 and 5: plain target-only decoding through the same code (the speedup baseline).
 BatchState runs B requests through the same round together (eval/batch.py: one batched verification
-forward, ragged per-row acceptance, per-row rollback by gather). With LoopConfig.tree set, step 1 drafts a tree and steps 2-4 verify it in one forward with a tree
-attention mask, accept a path and gather that path's cache entries (eval/tree.py).
+forward, ragged per-row acceptance, per-row rollback by gather). With LoopConfig.tree set, step 1
+drafts a tree and steps 2-4 verify it in one forward with a tree attention mask, accept a path and
+gather that path's cache entries (eval/tree.py).
 
 Timing: draft = steps 1 + 5, verify = step 2, overhead = everything else in the round
 (verification arithmetic, cache crop, bookkeeping); measured with time.perf_counter, after
