@@ -22,7 +22,8 @@ def test_tree_and_batched_eval_end_to_end(tmp_path, capsys):
     assert cli_main(["eval", *common, "--tree", "dynamic", "--tree-depth", "3", "--tree-topk", "2",
                      "--verify-budget", "5", "--out", str(out)]) == 0
     cfg = json.loads(out.read_text())["config"]
-    assert cfg["verify_budget"] == 5 and cfg["tree"] == {"kind": "dynamic", "depth": 3, "topk": 2, "budget": 5}
+    assert cfg["verify_budget"] == 5
+    assert cfg["tree"] == {"kind": "dynamic", "depth": 3, "topk": 2, "budget": 5, "acceptance": None}
     out = tmp_path / "batch.json"
     assert cli_main(["eval", *common, "--k", "2", "--concurrency-sweep", "1,3", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["workloads"][f"jsonl:{prompts}"]["batched"]
