@@ -4,6 +4,7 @@
     draftsmith validate recipes/...            # validate one or more recipes (directories are globbed)
     draftsmith prepare recipe.yaml             # regenerate answers with the target / build the feature cache
     draftsmith eval runs/NAME/final --workloads spec_bench,mt_bench --k 5
+    draftsmith profile runs/NAME/final         # speedup_profile.json: acceptance, costs, best k per batch
     draftsmith export runs/NAME/final --to vllm|sglang|trtllm|hf --out DIR
     draftsmith leaderboard results/*.json --out leaderboard/
     draftsmith report results/run.json
@@ -23,6 +24,7 @@ SUBCOMMANDS = {
     "validate": ("draftsmith.train.cli_validate", "validate recipes without running them"),
     "prepare": ("draftsmith.data.cli", "regenerate answers with the target; build the offline feature cache"),
     "eval": ("draftsmith.eval.cli", "run a drafter in the speculative loop and measure it"),
+    "profile": ("draftsmith.eval.profile", "measure a drafter's speedup profile (speedup_profile.json beside it)"),
     "export": ("draftsmith.export.cli", "export a drafter for vLLM, SGLang, TensorRT-LLM or HF"),
     "leaderboard": ("draftsmith.report.cli_leaderboard", "build an acceptance leaderboard from result files"),
     "report": ("draftsmith.report.cli_report", "show one result file in the terminal and as HTML"),

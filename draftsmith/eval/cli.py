@@ -40,7 +40,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", default="spec_bench",
                    help=f"comma-separated: {', '.join(sorted(set(workloads.WORKLOADS.names()) | set(workloads.GROUPS)))}, "
                         "jsonl:PATH")
-    p.add_argument("--k", type=int, default=5, help="draft tokens per round")
+    p.add_argument("--k", type=int, default=5, help="draft tokens per round (chain drafting)")
+    p.add_argument("--tree", choices=["dynamic", "static"], default=None,
+                   help="tree drafting: dynamic = EAGLE-2 expand + rerank; static = Medusa sparse tree (eval/tree.py)")
+    p.add_argument("--tree-depth", type=int, default=5, help="--tree: deepest draft position")
+    p.add_argument("--tree-topk", type=int, default=4, help="--tree: children per expanded node (static: ranks per depth)")
+    p.add_argument("--verify-budget", type=int, default=16, help="--tree: draft nodes verified per round")
+    p.add_argument("--tree-calibrate", default=None, metavar="WORKLOAD",
+                   help="--tree static: build the sparse tree from per-position top-k acceptance measured on "
+                        "--num-prompts prompts of WORKLOAD (default: a stated prior); use prompts you do not evaluate on")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="also decode B requests together (batched rounds; chain drafting) and report tokens/s, TPOT, speedup")
+    p.add_argument("--concurrency-sweep", default=None, help="comma-separated batch sizes, e.g. 1,2,4,8,16,32")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy verification; > 0: exact stochastic")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -118,8 +129,26 @@ def main(args: argparse.Namespace) -> int:
     if args.path and prompt_format == "auto":  # the format the drafter was trained with
         prompt_format = workloads.training_prompt_format(recipe, target.tokenizer)
         print(f"[eval] prompt format: {prompt_format} (as in training; --prompt-format overrides)", flush=True)
+    tree = None
+    if args.tree:
+        from draftsmith.eval.tree import TreeConfig
+
+        tree = TreeConfig(args.tree, depth=args.tree_depth, topk=args.tree_topk, budget=args.verify_budget)
+        if args.tree_calibrate:
+            if args.tree != "static":
+                raise SystemExit("--tree-calibrate builds a static tree: use it with --tree static")
+            from draftsmith.eval.tree import measure_topk_acceptance
+
+            limit = getattr(target.config, "max_position_embeddings", None) or 10**9
+            items = workloads.load(args.tree_calibrate, args.data_dir, args.num_prompts or None)
+            calib = [workloads.encode(i, target.tokenizer, prompt_format, limit - args.max_new_tokens)[0] for i in items]
+            tree.acceptance = measure_topk_acceptance(target, proposer, calib, args.tree_depth, args.tree_topk,
+                                                      args.max_new_tokens)
+            print("[eval] static tree from measured top-k acceptance on " + args.tree_calibrate + ": " +
+                  " | ".join(" ".join(f"{a:.2f}" for a in row) for row in tree.acceptance), flush=True)
+        args.k = args.tree_depth  # k: the deepest draft position (per-position acceptance has that many entries)
     settings = runner.EvalSettings(
-        k=args.k, max_new_tokens=args.max_new_tokens, sampling=sampling, num_prompts=args.num_prompts or None,
+        tree=tree, k=args.k, max_new_tokens=args.max_new_tokens, sampling=sampling, num_prompts=args.num_prompts or None,
         warmup=args.warmup, seed=args.seed, prompt_format=prompt_format, data_dir=args.data_dir,
         check_lossless=args.check_lossless)
     rule = rule_name(sampling)
@@ -127,25 +156,72 @@ def main(args: argparse.Namespace) -> int:
               "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts, "seed": args.seed,
               "warmup": args.warmup, "dtype": str(target.dtype).removeprefix("torch."), "device": str(target.device),
               "verification": rule, "lossless_rule": VERIFICATION_RULES[rule], "prompt_format": prompt_format,
-              "eos_ids": target.eos_ids, "workloads": names, "first_turn_only": True}
+              "eos_ids": target.eos_ids, "workloads": names, "first_turn_only": True,
+              "tree": None if tree is None else vars(tree), "verify_budget": tree.budget if tree else args.k}
     if args.path:
         config["recipe"] = recipe
+    batch_sizes = _batch_sizes(args)
+    if batch_sizes and tree is not None:
+        raise SystemExit("--batch-size/--concurrency-sweep decode chains: drop --tree for a batched run")
+    config["batch_sizes"] = batch_sizes
     torch.manual_seed(args.seed)
     per_workload = {}
     for name in names:
-        print(f"[eval] {name}: {drafter_id['name']} k={args.k} ...", flush=True)
+        shape = f"tree={tree.kind} depth={tree.depth} topk={tree.topk} budget={tree.budget}" if tree else f"k={args.k}"
+        print(f"[eval] {name}: {drafter_id['name']} {shape} ...", flush=True)
         per_workload[name] = runner.run_workload(target, proposer, name, settings)
+        if batch_sizes:
+            print(f"[eval] {name}: batched decoding, B in {batch_sizes} ...", flush=True)
+            per_workload[name]["batched"] = runner.run_batched(target, proposer, name, settings, batch_sizes)
     command = "draftsmith eval " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["eval"] else \
         "draftsmith eval (function call)"
     out = results.build(command, config, target.identity(), drafter_id, target.device, per_workload, args.check_lossless)
     print(results.table(out))
+    for line in _does_it_pay(out, args.k if tree is None else None):
+        print(line)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = args.out or Path("results") / f"{drafter_id['kind']}-k{args.k}-t{args.temperature:g}-{stamp}.json"
+    shape = f"tree{tree.budget}" if tree else f"k{args.k}"
+    path = args.out or Path("results") / f"{drafter_id['kind']}-{shape}-t{args.temperature:g}-{stamp}.json"
     print(f"[eval] results written to {results.write(out, path)}")
+    if args.check_lossless and not all(r.get("lossless", True) for w in per_workload.values() for r in w.get("batched", [])):
+        print("[eval] --check-lossless FAILED: batched greedy output differs from batch-1 target-only output", file=sys.stderr)
+        return 1
     if args.check_lossless and not out["lossless"]["passed"]:
         print("[eval] --check-lossless FAILED: speculative greedy output differs from target-only output", file=sys.stderr)
         return 1
     return 0
+
+
+def _does_it_pay(out: dict, k: int | None) -> list[str]:
+    """Say plainly, per workload, when speculation does not pay here: the measured median speedup is
+    below 1, or the speedup model (report/speedup_model.py, from this run's costs) puts the best k at 0."""
+    from draftsmith.report import speedup_model
+
+    lines = []
+    for name, w in out["workloads"].items():
+        a = w["aggregate"]
+        measured = (a.get("speedup") or {}).get("median")
+        best = None
+        costs = speedup_model.costs_from_aggregate(a, k) if k else None
+        if costs is not None and a.get("per_position_acceptance"):
+            best = speedup_model.best_k(speedup_model.predict_all(a["per_position_acceptance"], costs, k)).k
+        if best == 0 or (measured is not None and measured < 1.0):
+            why = f"measured median speedup {measured:.2f}" if measured is not None else "no measured speedup"
+            model = f"; the speedup model's best k is {best}" if best is not None else ""
+            lines.append(f"[eval] {name}: speculation does not pay here ({why}{model}): target-only decoding is faster")
+    return lines
+
+
+def _batch_sizes(args) -> list[int]:
+    sizes = [args.batch_size] if args.batch_size else []
+    if args.concurrency_sweep:
+        try:
+            sizes += [int(x) for x in args.concurrency_sweep.split(",") if x.strip()]
+        except ValueError:
+            raise SystemExit(f"--concurrency-sweep {args.concurrency_sweep!r}: give comma-separated integers, e.g. 1,2,4,8") from None
+    if any(b < 1 for b in sizes):
+        raise SystemExit(f"batch sizes must be >= 1, got {sizes}")
+    return sorted(set(sizes))
 
 
 def _recipe_dict(path: str) -> dict | None:

@@ -9,6 +9,10 @@ One round (DESIGN.md "Definitions"; Leviathan et al. 2023, Chen et al. 2023):
   4. rollback the target cache is cropped to the accepted prefix (cache.crop), never recomputed
   5. commit  context += d1..da, t; proposer.commit(context, a + 1, target output at those positions)
 k = 0 skips steps 1 and 5: plain target-only decoding through the same code (the speedup baseline).
+BatchState runs B requests through the same round together (eval/batch.py: one batched verification
+forward, ragged per-row acceptance, per-row rollback by gather). With LoopConfig.tree set, step 1
+drafts a tree and steps 2-4 verify it in one forward with a tree attention mask, accept a path and
+gather that path's cache entries (eval/tree.py).
 
 Timing: draft = steps 1 + 5, verify = step 2, overhead = everything else in the round
 (verification arithmetic, cache crop, bookkeeping); measured with time.perf_counter, after
@@ -22,6 +26,8 @@ from typing import Optional
 
 import torch
 
+from draftsmith.eval import batch as batch_mod
+from draftsmith.eval import tree as tree_mod
 from draftsmith.eval.sampling import SamplingParams, logits_to_probs, sample, verify
 from draftsmith.target import Target, TargetOutput
 
@@ -32,6 +38,7 @@ class LoopConfig:
     max_new_tokens: int = 128  # generation stops at exactly this many new tokens
     sampling: SamplingParams = field(default_factory=SamplingParams)
     eos_ids: Optional[list[int]] = None  # None: the target's eos_ids (stories260K: [2, 1])
+    tree: Optional[tree_mod.TreeConfig] = None  # tree drafting (k then only gates the proposer: set it >= 1)
 
 
 @dataclass
@@ -151,6 +158,8 @@ class SpeculativeState:
 
     def step(self) -> RoundStats:
         """One round: draft, one verification forward, accept, roll back, commit."""
+        if self.cfg.tree is not None:
+            return self._step_tree()
         cfg, dev = self.cfg, self.device
         n_ctx = self.context.shape[0]
         remaining = cfg.max_new_tokens - len(self.new_tokens)
@@ -179,6 +188,34 @@ class SpeculativeState:
         self.rounds.append(stats)
         return stats
 
+    def _step_tree(self) -> RoundStats:
+        """One tree round: the same five steps, with a tree where the chain was (eval/tree.py)."""
+        cfg, dev = self.cfg, self.device
+        n_past = self.context.shape[0] - 1  # the cache holds every committed token but the last
+        depth = min(cfg.tree.depth, cfg.max_new_tokens - len(self.new_tokens) - 1)
+        t0 = _clock(dev)
+        empty = torch.empty(0, dtype=torch.long, device=dev)
+        tree = tree_mod.build(self.proposer, cfg.tree, depth) if depth > 0 else tree_mod.Tree.chain(empty)  # 1.
+        tree = tree_mod.Tree(tree.tokens.to(dev), tree.parents.to(dev), tree.depths.to(dev))
+        t1 = _clock(dev)
+        mask, positions = tree_mod.verify_inputs(tree, n_past, self.target.dtype)  # [1, 1, N+1, n_past+N+1], [1, N+1]
+        inputs = torch.cat([self.context[-1:], tree.tokens])[None]  # [1, N + 1]
+        out = self.target.forward(inputs, attention_mask=mask, cache=self.cache, position_ids=positions)  # 2.
+        t2 = _clock(dev)
+        verdict = tree_mod.verify_tree(tree, out.logits[0], cfg.sampling, self.generator)  # 3.
+        keep = tree_mod.keep_indices(verdict.path, n_past, dev)  # [n_past + 1 + a]
+        tree_mod.gather_cache(self.cache, keep)  # 4. gather, not crop
+        a = len(verdict.path)
+        committed = self._append(tree.tokens[verdict.path].tolist() + [verdict.token])
+        t3 = _clock(dev)
+        if depth > 0 and not self.done:  # 5. the target's outputs at the root and the accepted nodes
+            rows = keep[n_past:] - n_past  # [a + 1]
+            self.proposer.commit(self.context, a + 1, TargetOutput(out.logits[:, rows], tuple(h[:, rows] for h in out.hidden_states)))
+        t4 = _clock(dev)
+        stats = RoundStats(len(tree), a, committed, draft_s=(t1 - t0) + (t4 - t3), verify_s=t2 - t1, total_s=t4 - t0)
+        self.rounds.append(stats)
+        return stats
+
 
 def generate(target: Target, proposer, prompt_ids: torch.Tensor, cfg: LoopConfig,
              generator: torch.Generator | None = None) -> Generation:
@@ -191,3 +228,99 @@ def generate(target: Target, proposer, prompt_ids: torch.Tensor, cfg: LoopConfig
     latency = _clock(state.device) - start
     return Generation(prompt_ids=prompt_ids.reshape(-1).tolist(), tokens=list(state.new_tokens), stop=state.stop, ttft_s=state.ttft_s, latency_s=latency,
                       rounds=state.rounds, k=cfg.k)
+
+
+class BatchState:
+    """B requests decoding together: per-request prefill (batch 1, exactly as `generate`), then rounds
+    in which each row drafts with its own proposer, ONE target forward verifies every row's
+    [last, d1..dk] (rows padded to the longest draft), and each row accepts its own number of tokens
+    (ragged); eval/batch.py keeps the per-row cache lengths. Finished rows leave the batch.
+    Chain drafting only (trees are batch 1); drafting runs row by row (not batched)."""
+
+    def __init__(self, target: Target, proposers: list, cfg: LoopConfig, generators: list | None = None):
+        if cfg.tree is not None:
+            raise ValueError("batched decoding drafts chains only: drop --tree or use --batch-size 1")
+        generators = generators or [None] * len(proposers)
+        self.target, self.cfg = target, cfg
+        self.rows = [SpeculativeState(target, p, cfg, g) for p, g in zip(proposers, generators)]
+        self.finished_s: list[float] = [0.0] * len(self.rows)  # clock at which each row stopped
+
+    def prefill(self, prompts: list[torch.Tensor]) -> None:
+        for row, ids in zip(self.rows, prompts):
+            row.prefill(ids)
+        self.start = _clock(self.target.device)
+        self.cache, self.valid = batch_mod.stack_caches([r.cache for r in self.rows], self.target.config)
+        for row in self.rows:
+            row.cache = None  # the batched cache holds every row's entries now
+        self.active = list(range(len(self.rows)))
+        self._drop_finished()
+
+    @property
+    def done(self) -> bool:
+        return not self.active
+
+    def _drop_finished(self) -> None:
+        now = _clock(self.target.device)
+        keep = [j for j, i in enumerate(self.active) if not self.rows[i].done]
+        for i in self.active:
+            if self.rows[i].done:
+                self.finished_s[i] = now
+        if len(keep) < len(self.active) and keep:
+            self.valid = batch_mod.select_rows(self.cache, self.valid, torch.tensor(keep, device=self.valid.device))
+        self.active = [self.active[j] for j in keep]
+
+    def step(self) -> None:
+        """One batched round: 1. draft per row, 2. one verification forward [B, q], 3. accept per row,
+        4. per-row rollback by gather (repack), 5. commit per row."""
+        cfg, dev = self.cfg, self.target.device
+        live = [self.rows[i] for i in self.active]
+        t0 = _clock(dev)
+        drafts, draft_s = [], []
+        for row in live:  # 1.
+            t = _clock(dev)
+            k_round = min(cfg.k, cfg.max_new_tokens - len(row.new_tokens) - 1)
+            tokens, probs = torch.empty(0, dtype=torch.long, device=dev), None
+            if k_round > 0:
+                d = row.proposer.propose(row.context, k_round, cfg.sampling, row.generator)
+                tokens = d.tokens.to(dev).long().reshape(-1)[:k_round]
+                probs = None if d.probs is None else d.probs[: tokens.shape[0]]
+            drafts.append((tokens, probs))
+            draft_s.append(_clock(dev) - t)
+        t1 = _clock(dev)
+        q = 1 + max(t.shape[0] for t, _ in drafts)
+        inputs = torch.zeros(len(live), q, dtype=torch.long, device=dev)  # [B, q], padded drafts are never kept
+        for r, (row, (tokens, _)) in enumerate(zip(live, drafts)):
+            inputs[r, : tokens.shape[0] + 1] = torch.cat([row.context[-1:], tokens])
+        mask, positions = batch_mod.verify_inputs(self.valid, q, self.target.dtype)  # [B, 1, q, L + q], [B, q]
+        out = self.target.forward(inputs, attention_mask=mask, cache=self.cache, position_ids=positions)  # 2.
+        t2 = _clock(dev)
+        accepted = []
+        for r, (row, (tokens, probs)) in enumerate(zip(live, drafts)):  # 3.
+            n = tokens.shape[0]
+            verdict = verify(tokens, probs, out.logits[r, : n + 1], cfg.sampling, row.generator)
+            committed = row._append(tokens[: verdict.accepted].tolist() + [verdict.token])
+            accepted.append((n, verdict.accepted, committed))
+        self.valid = batch_mod.repack(self.cache, self.valid, [a + 1 for _, a, _ in accepted])  # 4.
+        for r, (row, (n, a, _)) in enumerate(zip(live, accepted)):  # 5.
+            tc = _clock(dev)
+            if n > 0 and not row.done:
+                row.proposer.commit(row.context, a + 1, TargetOutput(out.logits[r:r + 1, : a + 1],
+                                                                     tuple(h[r:r + 1, : a + 1] for h in out.hidden_states)))
+            draft_s[r] += _clock(dev) - tc
+        t4 = _clock(dev)
+        for row, (n, a, committed), ds in zip(live, accepted, draft_s):
+            row.rounds.append(RoundStats(n, a, committed, draft_s=ds, verify_s=t2 - t1, total_s=t4 - t0))
+        self._drop_finished()
+
+
+def generate_batch(target: Target, proposers: list, prompts: list[torch.Tensor], cfg: LoopConfig,
+                   generators: list | None = None) -> list[Generation]:
+    """Run len(prompts) requests together to their ends; one proposer per request (None for k = 0).
+    A request's latency runs from the start of the batch (after the prefills) plus its own prefill."""
+    state = BatchState(target, proposers, cfg, generators)
+    state.prefill(prompts)
+    while not state.done:
+        state.step()
+    return [Generation(prompt_ids=ids.reshape(-1).tolist(), tokens=list(row.new_tokens), stop=row.stop,
+                       ttft_s=row.ttft_s, latency_s=row.ttft_s + (state.finished_s[i] - state.start),
+                       rounds=row.rounds, k=cfg.k) for i, (row, ids) in enumerate(zip(state.rows, prompts))]

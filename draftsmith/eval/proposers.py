@@ -67,6 +67,7 @@ class DraftModelProposer:
         self._cached = torch.empty(0, dtype=torch.long, device=self.device)
 
     def commit(self, context: torch.Tensor, num_new: int, target_out) -> None:
+        self._tree_context = context  # tree_root drafts after it
         n = min(self._cached.shape[0], context.shape[0] - 1)
         same = (self._cached[:n] == context[:n].to(self._cached.device)).long()  # [n]
         keep = int(same.cumprod(0).sum().item()) if n else 0
@@ -96,6 +97,29 @@ class DraftModelProposer:
         # The cache now holds context + d1..d(k-1): dk was sampled but never fed.
         self._cached = torch.cat([context, drafted[:-1]])
         return Draft(tokens=drafted, probs=torch.stack(probs) if probs else None)  # probs [k, V]
+
+    # ---- tree drafting (eval/tree.py): the draft LM's own tree attention through a 4D mask
+    @torch.no_grad()
+    def tree_root(self) -> torch.Tensor:
+        from draftsmith.eval.tree import FedNodes
+
+        context = self._tree_context.to(self.device)
+        feed = context[self._cached.shape[0]:]  # [m >= 1] committed ids not yet in the cache
+        out = self.model(input_ids=feed[None], cache=self.cache, use_cache=True)  # [1, m] -> [1, m, V_d]
+        self._cached = context  # tree entries appended from here are dropped by the next commit()
+        self.tree_fed = FedNodes(self.device)
+        return torch.log_softmax(fit_vocab(out.logits[0, -1].float(), self.vocab_size), -1)  # [V]
+
+    @torch.no_grad()
+    def tree_expand(self, tokens: torch.Tensor, parents: torch.Tensor, depth: int) -> torch.Tensor:
+        n = self._cached.shape[0]
+        seen = self.tree_fed.add(parents.to(self.device), n)  # [m, n + F + m] True = attend
+        dtype = next(self.model.parameters()).dtype
+        mask = torch.zeros(seen.shape, dtype=dtype, device=self.device).masked_fill(~seen, torch.finfo(dtype).min)
+        pos = torch.full((1, tokens.shape[0]), n + depth - 1, device=self.device)
+        out = self.model(input_ids=tokens.view(1, -1).to(self.device), attention_mask=mask[None, None],
+                         position_ids=pos, cache=self.cache, use_cache=True)  # [1, m] -> [1, m, V_d]
+        return torch.log_softmax(fit_vocab(out.logits[0].float(), self.vocab_size), -1)  # [m, V]
 
 
 class NgramProposer:

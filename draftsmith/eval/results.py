@@ -96,7 +96,9 @@ def _fmt(x, spec: str = ".2f") -> str:
 def table(results: dict) -> str:
     """A readable per-workload table: tau, alpha, per-position acceptance, tokens/s, speedup, latency."""
     cfg = results["config"]
-    head = (f"{results['drafter'].get('name')} on {results['target'].get('name')}  k={cfg['k']} "
+    tree = cfg.get("tree")
+    shape = f"tree={tree['kind']} depth={tree['depth']} topk={tree['topk']} budget={tree['budget']}" if tree else f"k={cfg['k']}"
+    head = (f"{results['drafter'].get('name')} on {results['target'].get('name')}  {shape} "
             f"T={cfg['temperature']} top_k={cfg['top_k']} top_p={cfg['top_p']} max_new={cfg['max_new_tokens']} "
             f"({cfg['verification']}, {'lossless' if cfg['lossless_rule'] else 'LOSSY'})")
     cols = f"{'workload':<26}{'n':>4}{'tau':>6}{'alpha':>7}  {'per-position':<24}{'tgt tok/s':>10}{'spec tok/s':>11}" \
@@ -113,6 +115,11 @@ def table(results: dict) -> str:
     split = [f"{n}: draft {_fmt(w['aggregate']['time_split']['draft'])} verify {_fmt(w['aggregate']['time_split']['verify'])} "
              f"overhead {_fmt(w['aggregate']['time_split']['overhead'])}" for n, w in results["workloads"].items()]
     lines += ["time split of speculative rounds:"] + ["  " + s for s in split]
+    for n, w in results["workloads"].items():
+        ctx = w["aggregate"].get("by_context")
+        if ctx and len(ctx) > 1:
+            lines.append(f"tau by context ({n}): " + "  ".join(f"{b['lo']}-{b['hi']}: {b['acceptance_length']:.2f}"
+                                                               for b in ctx))
     ll = results["lossless"]
     if ll["checked"]:
         lines.append("lossless check: " + ("PASSED on every prompt" if ll["passed"] else

@@ -10,9 +10,10 @@ from typing import Callable, Optional
 
 import torch
 
-from draftsmith.eval import metrics, workloads
+from draftsmith.eval import bins, metrics, workloads
 from draftsmith.eval.loop import Generation, LoopConfig, generate
 from draftsmith.eval.sampling import SamplingParams
+from draftsmith.eval.tree import TreeConfig
 
 
 @dataclass
@@ -27,6 +28,7 @@ class EvalSettings:
     data_dir: Optional[Path] = None
     check_lossless: bool = False
     eos_ids: Optional[list[int]] = None
+    tree: Optional[TreeConfig] = None  # tree drafting (k is then the tree depth)
 
 
 def first_difference(a: list[int], b: list[int]) -> Optional[int]:
@@ -40,7 +42,8 @@ def first_difference(a: list[int], b: list[int]) -> Optional[int]:
 def _run(target, proposer, ids: torch.Tensor, k: int, s: EvalSettings, sampling: SamplingParams,
          seed: int) -> Generation:
     gen = torch.Generator(device=target.device).manual_seed(seed)
-    cfg = LoopConfig(k=k, max_new_tokens=s.max_new_tokens, sampling=sampling, eos_ids=s.eos_ids)
+    cfg = LoopConfig(k=k, max_new_tokens=s.max_new_tokens, sampling=sampling, eos_ids=s.eos_ids,
+                     tree=s.tree if k else None)
     return generate(target, proposer if k else None, ids, cfg, gen)
 
 
@@ -80,7 +83,8 @@ def run_workload(target, proposer, name: str, s: EvalSettings, log: Callable[[st
         else:
             spec = _run(target, proposer, ids, s.k, s, s.sampling, seed)
             base = _run(target, proposer, ids, 0, s, s.sampling, seed)
-        req = {"id": item["id"], **metrics.request_metrics(spec, base, s.k), "prompt_truncated": truncated}
+        req = {"id": item["id"], **metrics.request_metrics(spec, base, s.k), "prompt_truncated": truncated,
+               "_rounds": bins.round_records(spec)}
         if s.check_lossless:
             mismatch = _lossless(target, proposer, item["id"], ids, spec, base, s, seed)
             req["lossless"] = mismatch is None
@@ -92,8 +96,76 @@ def run_workload(target, proposer, name: str, s: EvalSettings, log: Callable[[st
             req["lossless"] = None
         requests.append(req)
     aggregate = metrics.aggregate(requests, s.k)
+    aggregate.update(bins.aggregate(requests))  # acceptance by context, output position, prompt length
     aggregate["peak_memory_mb"], aggregate["peak_memory_source"] = metrics.peak_memory_mb(target.device)
     for req in requests:
         req.pop("_costs")
+        req.pop("_rounds")
     return {"num_requests": len(requests), "num_truncated_prompts": sum(r["prompt_truncated"] for r in requests),
             "aggregate": aggregate, "lossless_mismatches": mismatches, "requests": requests}
+
+
+# ---------------------------------------------------------------- batched decoding (--batch-size, --concurrency-sweep)
+def _batched_pass(target, proposer, ids_list: list, k: int, s: EvalSettings, seed: int) -> tuple[list[Generation], float]:
+    """One batch through loop.generate_batch -> (generations, wall seconds including the prefills)."""
+    import copy
+
+    from draftsmith.eval.loop import _clock, generate_batch
+
+    cfg = LoopConfig(k=k, max_new_tokens=s.max_new_tokens, sampling=s.sampling, eos_ids=s.eos_ids)
+    props = [copy.copy(proposer) if k else None for _ in ids_list]  # one proposer per request (shared weights)
+    gens = [torch.Generator(device=target.device).manual_seed(seed + i) for i in range(len(ids_list))]
+    start = _clock(target.device)
+    out = generate_batch(target, props, ids_list, cfg, gens)
+    return out, _clock(target.device) - start
+
+
+def run_batched(target, proposer, name: str, s: EvalSettings, batch_sizes: list[int],
+                log: Callable[[str], None] = print) -> list[dict]:
+    """For each B: max(B, num_prompts) requests (prompts reused cyclically when B exceeds them), in
+    batches of B, target-only (k = 0) and speculative through the same batched code, interleaved per
+    batch (order alternating), after one warm-up batch of each. Greedy outputs are compared per row
+    with batch-1 target-only output when s.check_lossless."""
+    items = workloads.load(name, s.data_dir, s.num_prompts)
+    limit = getattr(target.config, "max_position_embeddings", None)
+    max_prompt = None if limit is None else limit - s.max_new_tokens
+    encoded = [workloads.encode(item, target.tokenizer, s.prompt_format, max_prompt)[0] for item in items]
+    reference = None
+    if s.check_lossless and s.sampling.greedy:
+        reference = [_run(target, None, ids, 0, s, s.sampling, s.seed).tokens for ids in encoded]
+    rows = []
+    for B in batch_sizes:
+        n = max(B, len(encoded))
+        order = [i % len(encoded) for i in range(n)]
+        for k in (0, s.k):  # warm-up
+            _batched_pass(target, proposer, [encoded[i] for i in order[:B]], k, s, s.seed)
+        runs = {0: ([], 0.0), s.k: ([], 0.0)}
+        decode = {0: 0.0, s.k: 0.0}  # decode wall: the batch's rounds, prefills excluded
+        for g, start in enumerate(range(0, n, B)):
+            chunk = order[start:start + B]
+            for k in ((0, s.k) if g % 2 == 0 else (s.k, 0)):
+                gens, wall = _batched_pass(target, proposer, [encoded[i] for i in chunk], k, s, s.seed + start)
+                runs[k] = (runs[k][0] + list(zip(chunk, gens)), runs[k][1] + wall)
+                decode[k] += max(x.latency_s - x.ttft_s for x in gens)
+        row = {"batch_size": B, "requests": n}
+        for label, k in (("target", 0), ("spec", s.k)):
+            gens = [g for _, g in runs[k][0]]
+            tokens = sum(len(g.tokens) for g in gens)
+            tpots = [(g.latency_s - g.ttft_s) / (len(g.tokens) - 1) for g in gens if len(g.tokens) > 1]
+            row[f"{label}_tokens_per_s"] = tokens / runs[k][1]
+            row[f"{label}_decode_tokens_per_s"] = sum(len(g.tokens) - 1 for g in gens) / decode[k]
+            row[f"{label}_tpot_s"] = metrics.spread(tpots)
+        rounds = [r for _, g in runs[s.k][0] for r in g.rounds]
+        row["acceptance_length"] = sum(r.committed for r in rounds) / len(rounds) if rounds else float("nan")
+        row["speedup"] = row["spec_tokens_per_s"] / row["target_tokens_per_s"]  # end to end, prefills included
+        row["decode_speedup"] = row["spec_decode_tokens_per_s"] / row["target_decode_tokens_per_s"]
+        if reference is not None:
+            bad = [i for k in (0, s.k) for i, g in runs[k][0] if g.tokens != reference[i]]
+            row["lossless"] = not bad
+            if bad:
+                log(f"  LOSSLESS MISMATCH {name} batch {B}: {len(bad)} row(s) differ from batch-1 target-only output")
+        log(f"  {name} B={B:<3} target {row['target_tokens_per_s']:.1f} tok/s  spec {row['spec_tokens_per_s']:.1f} tok/s  "
+            f"speedup {row['speedup']:.2f} (decode {row['decode_speedup']:.2f})  tau {row['acceptance_length']:.2f}  "
+            f"TPOT spec {row['spec_tpot_s']['median'] * 1e3:.1f} ms")
+        rows.append(row)
+    return rows

@@ -12,6 +12,9 @@ the loop evaluates single requests, and a second turn would need the model's own
     gsm8k                 1,319 grade-school math questions       <data>/gsm8k/test.jsonl
     alpaca                instruction (+ input)                   <data>/alpaca/alpaca_en_demo.json
     pycode                held-out Python stdlib prefixes (draftsmith.data.stdlib_corpus), no data dir
+    long_context          MT-bench first turns after 0..64k characters of real Wikipedia text, so that
+                          prompts fill the target's positions (encode keeps the LAST tokens that fit);
+                          category prefix-<chars> (acceptance by context)  <data>/pretrain_text/wiki_demo.txt
     jsonl:PATH            one JSON object a line with "prompt" (or "messages", or "turns"), optional "id"
 
 The data directory defaults to ../shared/data next to the repository (DRAFTSMITH_DATA overrides;
@@ -109,6 +112,25 @@ def _pycode(data_dir: Path, n: int = 20) -> list[dict]:
     from draftsmith.data import stdlib_corpus  # lazy: only this workload needs the stdlib scan
 
     return [{"id": f"pycode-{p['id']}", "prompt": p["prompt"]} for p in stdlib_corpus.prompts("heldout", n=n)]
+
+
+LONG_CONTEXT_CHARS = (0, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+
+@WORKLOADS.register("long_context")
+def _long_context(data_dir: Path) -> list[dict]:
+    """Real prompts extended with real text: each MT-bench first turn follows a slice of Wikipedia of
+    each length in LONG_CONTEXT_CHARS (a different slice per prompt). select() takes the lengths
+    round-robin, so the first n items cover every length."""
+    wiki = _need(data_dir / "pretrain_text" / "wiki_demo.txt").read_text(encoding="utf-8")
+    items = []
+    for i, q in enumerate(_mt_bench(data_dir)):
+        start = (i * 7919) % max(1, len(wiki) - max(LONG_CONTEXT_CHARS))
+        for chars in LONG_CONTEXT_CHARS:
+            prefix = wiki[start:start + chars] + "\n\n" if chars else ""
+            items.append({"id": f"long_context-{q['id']}-{chars}", "prompt": prefix + q["prompt"],
+                          "category": f"prefix-{chars}"})
+    return items
 
 
 def _user_jsonl(path: Path) -> list[dict]:

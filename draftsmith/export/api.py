@@ -7,6 +7,7 @@ never the source checkpoint, and only the files an export writes: other files in
 stay, and files the previous export listed that the new one does not write are removed."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
+from draftsmith.eval.profile import PROFILE_FILE
 from draftsmith.export.common import CONFIG_FILE, SIDECAR_FILE, WEIGHTS_FILE, ExportFiles, ExportOptions, num_tokens
 
 
@@ -109,7 +111,14 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
     out = Path(out).resolve()
     source = Path(checkpoint) if isinstance(checkpoint, (str, os.PathLike)) else None
     replacing = check_out_dir(out, source, overwrite)
+    profile_text = _speedup_profile(checkpoint if loaded is None else None)
     loaded = loaded if loaded is not None else load_drafter(checkpoint, trust_remote_code=trust_remote_code)
+    recommended = None
+    if profile_text is not None:
+        profile = json.loads(profile_text)
+        recommended = profile.get("recommended_num_speculative_tokens")
+        if opts.num_speculative_tokens is None and isinstance(recommended, int) and recommended >= 1:
+            opts = dataclasses.replace(opts, num_speculative_tokens=recommended)  # the profile's best k at batch 1
     kind = loaded.drafter.kind
     if kind not in exporter.kinds:
         fits = [name for name in EXPORTERS.names() if kind in EXPORTERS.get(name).kinds]
@@ -122,6 +131,13 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
         files = exporter.build(loaded, opts, out)
         serve.append(exporter.serve_command(out, loaded, opts))
         files.sidecar["serve_command"] = serve[0]
+        if profile_text is not None:  # copied beside the weights; the sidecar says what it recommends
+            files.extra[PROFILE_FILE] = profile_text
+            files.sidecar["speedup_profile"] = {
+                "file": PROFILE_FILE, "recommended_num_speculative_tokens": recommended,
+                "speculation_pays_at_batch_1": profile.get("speculation_pays_at_batch_1"),
+                "stops_paying_at_batch": {w: r.get("speculation_stops_paying_at_batch")
+                                          for w, r in (profile.get("recommendation") or {}).items()}}
         write_files(files, tmp)
         if validate:  # a failure raises here, and nothing is written to `out`
             k = num_tokens(loaded, opts, files.sidecar.get("num_speculative_tokens") or 5)
@@ -139,3 +155,19 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return ExportResult(out_dir=out, serve_command=serve[0], report=report)
+
+
+def _speedup_profile(checkpoint) -> str | None:
+    """The text of CHECKPOINT/speedup_profile.json (written by `draftsmith profile`), or None."""
+    path = Path(checkpoint) / PROFILE_FILE if checkpoint is not None else None
+    if path is None or not path.exists():
+        return None
+    text = path.read_text()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err.msg}); rerun `draftsmith profile {checkpoint}` or delete it") from err
+    if data.get("schema") != "draftsmith.speedup-profile":
+        raise ValueError(f"{path}: schema {data.get('schema')!r} is not draftsmith.speedup-profile; "
+                         f"rerun `draftsmith profile {checkpoint}` or delete it")
+    return text

@@ -50,6 +50,9 @@ class KVCache:
     def __init__(self):
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
+        # Tree drafting (eval/tree.py) sets the next forward's attention [n, total] (True = attend)
+        # in place of the causal one; it is used once.
+        self.next_mask: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return 0 if self.k is None else self.k.shape[2]
@@ -97,6 +100,8 @@ class DraftAttention(nn.Module):
         keys, values = cache.append(k, v)
         n, total = q.shape[2], keys.shape[2]
         mask = torch.ones(n, total, dtype=torch.bool, device=x.device).tril(diagonal=total - n)
+        if cache.next_mask is not None:
+            mask, cache.next_mask = cache.next_mask.to(x.device), None  # [n, total] tree mask
         o = torch.nn.functional.scaled_dot_product_attention(q, self._expand(keys), self._expand(values), attn_mask=mask)
         return self._out(o)
 

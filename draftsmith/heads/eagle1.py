@@ -158,3 +158,25 @@ class Eagle1Proposer:
                 pos = torch.tensor([[self.committed + i]], device=out.device)
                 out = d.step(token.view(1, 1), out, pos, cache=self.cache)  # feed f̂ back with the draft token
         return Draft(tokens=torch.stack(tokens).view(-1), probs=torch.stack(probs))
+
+    # ------------------------------------------------------------------ tree drafting (eval/tree.py)
+    @torch.no_grad()
+    def tree_root(self) -> torch.Tensor:
+        from draftsmith.eval.tree import FedNodes
+
+        self.cache.crop(self.committed)
+        self.tree_fed = FedNodes(self.last_out.device)
+        self.tree_outs = self.last_out.new_zeros(1, 0, self.last_out.shape[-1])  # [1, F, h] per fed node
+        return torch.log_softmax(self.drafter.logits(self.last_out)[0, -1].float(), -1)  # [V]
+
+    @torch.no_grad()
+    def tree_expand(self, tokens: torch.Tensor, parents: torch.Tensor, depth: int) -> torch.Tensor:
+        """Feed m tree nodes at `depth` together (each with its parent's predicted feature; the root's
+        is last_out), attending to the committed cache and their fed ancestors. -> [m, V] log-probs."""
+        dev = self.last_out.device
+        bank = torch.cat([self.last_out, self.tree_outs], dim=1)  # [1, 1 + F, h]: the root's feature first
+        self.cache.next_mask = self.tree_fed.add(parents.to(dev), self.committed)  # [m, committed + F + m]
+        pos = torch.full((1, tokens.shape[0]), self.committed + depth - 1, device=dev)
+        out = self.drafter.step(tokens.view(1, -1).to(dev), bank[:, parents.to(dev) + 1], pos, cache=self.cache)  # [1, m, h]
+        self.tree_outs = torch.cat([self.tree_outs, out], dim=1)  # [1, F + m, h]
+        return torch.log_softmax(self.drafter.logits(out)[0].float(), -1)  # [m, V]

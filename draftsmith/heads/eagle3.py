@@ -307,3 +307,34 @@ class Eagle3Proposer:
                 pos = torch.tensor([[self.committed + i]], device=out.device)
                 out = d.step(token.view(1, 1), out, pos, cache=self.cache)
         return Draft(tokens=torch.stack(tokens).view(-1), probs=torch.stack(probs))
+
+
+    # ------------------------------------------------------------------ tree drafting (eval/tree.py)
+    def _target_logprobs(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        """[m, dv] draft logits -> [m, V] log-probabilities over the target vocabulary (-inf off the draft vocab)."""
+        full = draft_logits.new_full((draft_logits.shape[0], self.vocab_size), float("-inf"), dtype=torch.float32)
+        full[:, self.draft_ids] = torch.log_softmax(draft_logits.float(), dim=-1)
+        return full
+
+    @torch.no_grad()
+    def tree_root(self) -> torch.Tensor:
+        from draftsmith.eval.tree import FedNodes
+
+        self.cache.crop(self.committed)
+        self.tree_fed = FedNodes(self.last_out.device)
+        self.tree_outs = self.last_out.new_zeros(1, 0, self.last_out.shape[-1])  # [1, F, h] per fed node
+        return self._target_logprobs(self.drafter.logits(self.last_out)[0])[-1]  # [V]
+
+    @torch.no_grad()
+    def tree_expand(self, tokens: torch.Tensor, parents: torch.Tensor, depth: int) -> torch.Tensor:
+        """Feed m tree nodes at `depth` together: node reads its parent's output (the root's: last_out)
+        and attends to the committed cache and its fed ancestors. -> [m, V] children log-probs."""
+        dev = self.last_out.device
+        parents = parents.to(dev)
+        bank = torch.cat([self.last_out, self.tree_outs], dim=1)  # [1, 1 + F, h]: the root's output first
+        hidden = bank[:, parents + 1]  # [1, m, h]
+        self.cache.next_mask = self.tree_fed.add(parents, self.committed)  # [m, committed + F + m]
+        pos = torch.full((1, tokens.shape[0]), self.committed + depth - 1, device=dev)
+        out = self.drafter.step(tokens.view(1, -1).to(dev), hidden, pos, cache=self.cache)  # [1, m, h]
+        self.tree_outs = torch.cat([self.tree_outs, out], dim=1)  # [1, F, h] -> [1, F + m, h]
+        return self._target_logprobs(self.drafter.logits(out)[0])  # [m, V]

@@ -247,3 +247,23 @@ class MedusaProposer:
             tokens.append(q.argmax() if sampling.greedy else sample(q, generator))
             probs.append(q)
         return Draft(tokens=torch.stack(tokens).view(-1), probs=torch.stack(probs))
+
+    # ------------------------------------------------------------------ tree drafting (eval/tree.py)
+    @property
+    def max_tree_depth(self) -> int:
+        return self.drafter.cfg.num_heads
+
+    def _head_logprobs(self, i: int) -> torch.Tensor:
+        block, head = self.drafter.blocks[i], self.drafter.lm_heads[i]
+        return torch.log_softmax(head(block(self.last_hidden.to(head.weight.dtype)))[0, -1].float(), -1)  # [V]
+
+    @torch.no_grad()
+    def tree_root(self) -> torch.Tensor:
+        if self.last_hidden is None:
+            raise RuntimeError("MedusaProposer.tree_root before commit(): the loop must commit the prefill first")
+        return self._head_logprobs(0)
+
+    @torch.no_grad()
+    def tree_expand(self, tokens: torch.Tensor, parents: torch.Tensor, depth: int) -> torch.Tensor:
+        """Medusa heads read one state: the children of every node at `depth` come from head `depth`."""
+        return self._head_logprobs(depth).expand(tokens.shape[0], -1)  # [m, V]

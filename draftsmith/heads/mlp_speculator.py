@@ -176,6 +176,7 @@ class MLPSpeculatorProposer:
     @torch.no_grad()
     def commit(self, context: torch.Tensor, num_new: int, target_out) -> None:
         self.last_hidden = target_out.hidden_states[-1][:, -1:]  # [1, m, h] -> [1, 1, h]
+        self._last_token = context[-1]
 
     @torch.no_grad()
     def propose(self, context: torch.Tensor, k: int, sampling, generator=None) -> Draft:
@@ -196,3 +197,27 @@ class MLPSpeculatorProposer:
             probs.append(q)
             token = nxt.view(1, 1)
         return Draft(tokens=torch.stack(tokens).view(-1), probs=torch.stack(probs))
+
+    # ------------------------------------------------------------------ tree drafting (eval/tree.py)
+    @property
+    def max_tree_depth(self) -> int:
+        return self.drafter.cfg.n_predict
+
+    @torch.no_grad()
+    def tree_root(self) -> torch.Tensor:
+        d = self.drafter
+        if self.last_hidden is None:
+            raise RuntimeError("MLPSpeculatorProposer.tree_root before commit(): the loop must commit the prefill first")
+        state = d.input_state(self.last_hidden)
+        self.tree_root_state = d.stage(0, state, self._last_token.view(1, 1).to(state.device))  # [1, 1, d]
+        self.tree_states = self.tree_root_state[:, :0]  # [1, F, d] per fed node
+        return torch.log_softmax(d.logits(0, self.tree_root_state)[0, -1].float(), -1)  # [V]
+
+    @torch.no_grad()
+    def tree_expand(self, tokens: torch.Tensor, parents: torch.Tensor, depth: int) -> torch.Tensor:
+        """Stage `depth` reads (the parent's state, the node's token) for m nodes at once -> [m, V]."""
+        d = self.drafter
+        bank = torch.cat([self.tree_root_state, self.tree_states], dim=1)  # [1, 1 + F, d]
+        state = d.stage(depth, bank[:, parents.to(bank.device) + 1], tokens.view(1, -1).to(bank.device))  # [1, m, d]
+        self.tree_states = torch.cat([self.tree_states, state], dim=1)
+        return torch.log_softmax(d.logits(depth, state)[0].float(), -1)  # [m, V]

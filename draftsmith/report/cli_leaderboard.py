@@ -43,6 +43,7 @@ class LeaderboardOutput:
     training_plots: list[Path]
     skipped: list[str]
     notes: list[str]
+    profile_plots: list[Path] = field(default_factory=list)  # one per --profile speedup_profile.json
 
 
 def slug(text: str) -> str:
@@ -96,6 +97,10 @@ def build_sections(rows: list[Row], tables: list[ModelTable], plot_dir: Path) ->
                                                     f"{target}: acceptance by draft position"))
         s.plots.append(plots.acceptance_length_vs_k(trows, ttables, plot_dir / f"{base}-acceptance-vs-k.png",
                                                     f"{target}: acceptance length vs k"))
+        ctx = plots.acceptance_vs_context(trows, plot_dir / f"{base}-acceptance-vs-context.png",
+                                          f"{target}: acceptance length vs context")
+        if ctx is not None:
+            s.plots.append(ctx)
         for hw in sorted({r.hardware for r in trows}):
             hrows = [r for r in trows if r.hardware == hw]
             htables = [t for t in ttables if t.hardware == hw]
@@ -132,6 +137,8 @@ def render_html(out: LeaderboardOutput, results: list[Result]) -> str:
                 parts.extend(H.model_table_html(t) for t in tables)
     if out.training_plots:
         parts.append("<h2>Training curves</h2>" + H.images(out.training_plots, src))
+    if out.profile_plots:
+        parts.append("<h2>Speedup profiles</h2>" + H.images(out.profile_plots, src))
     return H.page("draftsmith acceptance leaderboard", "\n".join(p for p in parts if p))
 
 
@@ -157,11 +164,13 @@ def render_markdown(out: LeaderboardOutput, results: list[Result]) -> str:
                     parts += [M.model_table(t), ""]
     if out.training_plots:
         parts += ["## Training curves", ""] + [M.image(p, out.out_dir) for p in out.training_plots] + [""]
+    if out.profile_plots:
+        parts += ["## Speedup profiles", ""] + [M.image(p, out.out_dir) for p in out.profile_plots] + [""]
     return "\n".join(parts)
 
 
 def build_leaderboard(paths: list[str | Path], out_dir: str | Path, training_logs: list[str] = (),
-                      k_max: int = 8) -> LeaderboardOutput:
+                      k_max: int = 8, profiles: list[str] = ()) -> LeaderboardOutput:
     """Load, merge, order, draw and write the leaderboard. Raises IncompatibleResultsError on mixed
     definitions/schema versions and ValueError when no file was readable."""
     results, skipped = load_results(list(paths))
@@ -176,6 +185,16 @@ def build_leaderboard(paths: list[str | Path], out_dir: str | Path, training_log
     train_pics, train_notes = training_plots(results, list(training_logs), plot_dir)
     out = LeaderboardOutput(out_dir, out_dir / "index.html", out_dir / "README.md", out_dir / "rows.json", rows,
                             sections, train_pics, skipped, notes + train_notes)
+    for i, path in enumerate(profiles):
+        try:
+            prof = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"--profile {path}: not a readable speedup_profile.json ({err})") from err
+        if prof.get("schema") != "draftsmith.speedup-profile":
+            raise ValueError(f"--profile {path}: schema {prof.get('schema')!r} is not draftsmith.speedup-profile "
+                             "(write one with `draftsmith profile RUN`)")
+        label = f"{Path(prof['drafter']['path']).parent.name} on {prof['target']['name']}: speedup profile"
+        out.profile_plots.append(plots.speedup_profile(prof, plot_dir / f"profile-{i + 1}-{slug(label)}.png", label))
     out.index_html.write_text(render_html(out, results), encoding="utf-8")
     out.readme.write_text(render_markdown(out, results), encoding="utf-8")
     out.rows_json.write_text(json.dumps([r.to_json() for r in rows], indent=1), encoding="utf-8")
@@ -188,11 +207,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--training-log", action="append", default=[], metavar="PATH",
                         help="a training run's metrics.jsonl to plot (repeatable)")
     parser.add_argument("--k-max", type=int, default=8, help="largest k the speedup model predicts (default 8)")
+    parser.add_argument("--profile", action="append", default=[], metavar="PATH",
+                        help="a speedup_profile.json (draftsmith profile) to plot: speedup against batch size (repeatable)")
 
 
 def main(args: argparse.Namespace) -> int:
     try:
-        out = build_leaderboard(args.results, args.out, args.training_log, args.k_max)
+        out = build_leaderboard(args.results, args.out, args.training_log, args.k_max, args.profile)
     except (IncompatibleResultsError, ValueError, FileNotFoundError) as err:
         print(f"draftsmith leaderboard: {err}", file=sys.stderr)
         return 2

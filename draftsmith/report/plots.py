@@ -190,3 +190,54 @@ def training_curve(log_path: Path, path: Path, title: str) -> Path:
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     return _save(fig, path)
+
+
+def acceptance_vs_context(rows: list[Row], path: Path, title: str) -> Path | None:
+    """tau per context bin (eval/bins.py: prompt + output position at the round's start), one line per
+    drafter, a panel per workload; None when no row has more than one context bin."""
+    rows = [r for r in rows if len(r.aggregate.get("by_context") or []) > 1]
+    if not rows:
+        return None
+    labels = [drafter_label(r) for r in rows]
+    colors = _colors(labels)
+    groups = _by_workload(rows)
+    fig, axes = _panels(len(groups))
+    for ax, (workload, group) in zip(axes, groups.items()):
+        for row in group:
+            bins = row.aggregate["by_context"]
+            xs = [(b["lo"] * b["hi"]) ** 0.5 if b["lo"] else b["hi"] / 2 for b in bins]
+            ax.plot(xs, [b["acceptance_length"] for b in bins], marker="o", color=colors[drafter_label(row)],
+                    label=drafter_label(row))
+        ax.set_xscale("log", base=2)
+        ax.set(title=workload, xlabel="context tokens (bin centre)", ylabel="acceptance length τ")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def speedup_profile(profile: dict, path: Path, title: str) -> Path:
+    """A speedup_profile.json (eval/profile.py): predicted speedup against batch size for each k at the
+    workload's mean context (a panel per workload), the measured validation runs as black crosses."""
+    recs = profile["recommendation"]
+    fig, axes = _panels(len(recs))
+    for ax, (workload, rec) in zip(axes, recs.items()):
+        ctxs = sorted({p["context"] for p in profile["predicted"] if p["workload"] == workload})
+        ctx = min(ctxs, key=lambda c: abs(c - rec["context"]))
+        pts = [p for p in profile["predicted"] if p["workload"] == workload and p["context"] == ctx]
+        for k in sorted({p["k"] for p in pts}):
+            line = sorted((p["batch"], p["speedup"]) for p in pts if p["k"] == k)
+            ax.plot(*zip(*line), marker=".", label=f"k={k} (predicted)")
+        checks = [c for c in profile.get("validation") or [] if c["workload"] == workload]
+        if checks:
+            ax.plot([c["batch"] for c in checks], [c["measured"] for c in checks], "kx", markersize=9,
+                    label=f"measured (k={checks[0]['k']})")
+        ax.set_xscale("log", base=2)
+        batches = sorted({p["batch"] for p in pts})
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.set(title=f"{workload} (context {ctx})", xlabel="batch size", ylabel="speedup (decode)")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    return _save(fig, path)

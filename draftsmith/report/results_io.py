@@ -69,6 +69,11 @@ class Result:
 
     @property
     def drafter_name(self) -> str:
+        """The drafter's name; tree runs add their shape, so a tree row never shares a key with the
+        chain row of the same k (k is then the tree depth; the verify budget is in the name)."""
+        tree = self.data["config"].get("tree")
+        if tree:
+            return f"{self.data['drafter']['name']} tree:{tree['kind']} b={tree['budget']} K={tree['topk']}"
         return self.data["drafter"]["name"]
 
     @property

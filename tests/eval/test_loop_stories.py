@@ -111,3 +111,13 @@ def test_stochastic_loop_runs_and_stops(stories_target, prompts):
     g = generate(stories_target, proposer, prompts[0], cfg, gen)
     assert (g.stop == "length" and len(g.tokens) == MAX_NEW) or (g.stop == "eos" and g.tokens[-1] in (1, 2))
     assert 0 < sum(r.accepted for r in g.rounds) < sum(r.proposed for r in g.rounds)
+
+
+@pytest.mark.parametrize("kind", ["draft_lm_2layer", "eagle3"])
+def test_greedy_tree_decoding_equals_target_only(stories_target, prompts, baseline, kind):
+    from draftsmith.eval.tree import TreeConfig
+
+    proposer = _make(kind, stories_target)
+    cfg = LoopConfig(k=4, max_new_tokens=MAX_NEW, tree=TreeConfig("dynamic", depth=4, topk=3, budget=8))
+    for ids, ref in zip(prompts, baseline):
+        assert generate(stories_target, proposer, ids, cfg).tokens == ref, f"{kind} tree diverged on {ids.tolist()}"

@@ -1,0 +1,321 @@
+"""`draftsmith profile RUN`: the speedup profile an engine needs to decide when to speculate,
+written to RUN/speedup_profile.json (beside the drafter; `draftsmith export` copies it).
+
+    draftsmith profile runs/eagle3-stories260k/final --workloads mt_bench,gsm8k --k-max 6
+    draftsmith profile runs/NAME/final --validate-batches 1,4,16      # predicted vs measured
+
+What it measures, on this hardware:
+  1. per-position acceptance per workload (batch-1 chain runs at k = k_max, greedy);
+  2. the draft cost (propose per draft token, commit per round; same runs) and the batched loop's own
+     per-row cost per round (one target-only and one speculative batch of --overhead-batch rows);
+  3. the target's verification cost T(B, w, context) for B rows of w tokens each (tokens in flight
+     B * w) over a grid of batch sizes, widths 1..k_max+1 and context lengths.
+Model (Leviathan et al. 2023 sec. 3, per-position acceptance as in report/speedup_model.py; batched):
+  E[tau](k)          = 1 + sum_{i<=k} prod_{j<=i} a_j
+  round(B, k, c)     = T(B, k+1, c) + B * (k * propose + commit + overhead_spec)   (drafting runs row by row)
+  step(B, c)         = T(B, 1, c) + B * overhead_target
+  speedup(B, k, c)   = E[tau](k) * step(B, c) / round(B, k, c)
+Then: the best k per batch size, the batch above which speculation stops paying (best k = 0), and,
+with --validate-batches, the measured decode-phase speedup of batched runs (eval.runner.run_batched:
+decoded tokens / decode wall time, prefills excluded as in the model) beside the prediction, with the
+relative error.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import shlex
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from draftsmith.eval import batch as batch_mod
+from draftsmith.eval import workloads
+from draftsmith.eval.loop import LoopConfig, _clock, generate
+from draftsmith.report.speedup_model import expected_tau
+
+PROFILE_FILE = "speedup_profile.json"
+SCHEMA = "draftsmith.speedup-profile"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="a training checkpoint dir (runs/NAME/final); the profile is written there")
+    p.add_argument("--workloads", default="mt_bench,gsm8k", help="comma-separated workload names")
+    p.add_argument("--k-max", type=int, default=6, help="deepest draft length profiled")
+    p.add_argument("--num-prompts", type=int, default=8, help="per workload, for acceptance")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--batches", default="1,2,4,8,16,32", help="batch sizes of the verify-cost grid and predictions")
+    p.add_argument("--contexts", default="64,256", help="context lengths of the verify-cost grid")
+    p.add_argument("--repeats", type=int, default=10, help="timed forwards per grid point (minimum)")
+    p.add_argument("--overhead-batch", type=int, default=8, help="batch size of the loop-overhead measurement")
+    p.add_argument("--validate-batches", default="", help="e.g. 1,4,16: measure batched runs and state the error")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out", type=Path, default=None, help=f"default: PATH/{PROFILE_FILE}")
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"{flag} {text!r}: give comma-separated integers, e.g. 1,4,16") from None
+    if any(v < 1 for v in out):
+        raise SystemExit(f"{flag} {text!r}: values must be >= 1")
+    return out
+
+
+class _Timed:
+    """Wraps a proposer and times its propose() (per draft token) and commit() calls."""
+
+    def __init__(self, proposer):
+        self.inner, self.name = proposer, getattr(proposer, "name", "proposer")
+        self.propose_per_token: list[float] = []
+        self.commit_s: list[float] = []
+
+    def begin(self, prompt_ids):
+        self.inner.begin(prompt_ids)
+        self.in_prefill = True
+
+    def commit(self, context, num_new, target_out):
+        t0 = _clock(context.device)
+        self.inner.commit(context, num_new, target_out)
+        if not self.in_prefill:  # the prefill's commit is not a round's
+            self.commit_s.append(_clock(context.device) - t0)
+        self.in_prefill = False
+
+    def propose(self, context, k, sampling, generator=None):
+        t0 = _clock(context.device)
+        draft = self.inner.propose(context, k, sampling, generator)
+        self.propose_per_token.append((_clock(context.device) - t0) / max(1, k))
+        return draft
+
+
+def measure_acceptance(target, proposer, prompts: list[torch.Tensor], k_max: int, max_new: int) -> dict:
+    """Batch-1 chain runs at k_max: per-position acceptance and the draft cost (propose per draft
+    token; commit per round)."""
+    accepted, reached = [0] * k_max, [0] * k_max
+    timed, prompt_lens = _Timed(proposer), []
+    for ids in prompts:
+        spec = generate(target, timed, ids, LoopConfig(k=k_max, max_new_tokens=max_new))
+        prompt_lens.append(ids.shape[0])
+        for r in spec.rounds:
+            for i in range(min(r.proposed, k_max)):
+                reached[i] += i <= r.accepted
+                accepted[i] += i < r.accepted
+    return {"per_position": [a / n if n else None for a, n in zip(accepted, reached)],
+            "prompt_tokens_mean": statistics.fmean(prompt_lens),
+            "draft_step_s": _low(timed.propose_per_token), "draft_commit_s": _low(timed.commit_s)}
+
+
+def measure_loop_overhead(target, proposer, prompts: list[torch.Tensor], B: int, k: int, max_new: int) -> dict:
+    """The batched loop's own cost per row and round (round time - verify forward - drafting) / rows,
+    target-only and speculative at k, from one batch of B requests (prompts reused cyclically)."""
+    import copy
+
+    from draftsmith.eval.loop import generate_batch
+
+    ids = [prompts[i % len(prompts)] for i in range(B)]
+    out = {}
+    for label, kk in (("overhead_target_s", 0), ("overhead_spec_s", k)):
+        gens = generate_batch(target, [copy.copy(proposer) if kk else None for _ in ids], ids,
+                              LoopConfig(k=kk, max_new_tokens=max_new))
+        samples = []
+        for j in range(max(len(g.rounds) for g in gens)):
+            rows = [g.rounds[j] for g in gens if len(g.rounds) > j]
+            samples.append((rows[0].total_s - rows[0].verify_s - sum(r.draft_s for r in rows)) / len(rows))
+        out[label] = _low(samples)
+    return out
+
+
+def _low(values: list[float]) -> float:
+    """The 10th percentile: the cost without time-slicing by other processes."""
+    return float(torch.quantile(torch.tensor(values, dtype=torch.float64), 0.1)) if values else 0.0
+
+
+@torch.no_grad()
+def measure_verify(target, batches: list[int], widths: list[int], contexts: list[int], repeats: int) -> list[dict]:
+    """Seconds of one target forward of B rows x w new tokens after a context of c tokens, with the
+    batched loop's 4D mask and position ids: the MINIMUM over repeats (on a shared machine a forward
+    that gets time-sliced costs 3-15x more; the minimum is the unpreempted cost, and the loop's
+    own costs use a low quantile for the same reason). Widths are timed round-robin within each
+    repeat. `seconds` is the fitted cost (fit_verify_cost); raw minima and medians are kept."""
+    from transformers import DynamicCache
+
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for c in contexts:
+        for B in batches:
+            cache = DynamicCache(config=target.config)
+            ids = torch.randint(3, target.vocab_size, (B, c + max(widths)), generator=gen).to(target.device)
+            target.forward(ids[:, :c], cache=cache)
+            valid = torch.ones(B, c, dtype=torch.bool, device=target.device)
+            inputs = {w: batch_mod.verify_inputs(valid, w, target.dtype) for w in widths}
+            times: dict[int, list[float]] = {w: [] for w in widths}
+            for rep in range(repeats + 1):  # the first round is a warm-up
+                for w in widths:
+                    mask, pos = inputs[w]
+                    t0 = _clock(target.device)
+                    target.forward(ids[:, c:c + w], attention_mask=mask, cache=cache, position_ids=pos)
+                    dt = _clock(target.device) - t0
+                    cache.crop(-w)
+                    if rep:
+                        times[w].append(dt)
+            for w in widths:
+                rows.append({"context": c, "batch": B, "width": w, "tokens_in_flight": B * w,
+                             "seconds_raw_min": min(times[w]), "seconds_raw_median": statistics.median(times[w])})
+    fit_verify_cost(rows)
+    return rows
+
+
+def fit_verify_cost(rows: list[dict], rounds: int = 4) -> list[float]:
+    """Fit T = a + b*n + e*n*c + f*B (n = B*w tokens in flight, c context: fixed cost per forward,
+    per token, attention per token and context, per row) to the raw minima, then set each row's
+    `seconds` to the fit. Robust to time-slicing, whose outliers lie only ABOVE the true cost:
+    1. least squares on RELATIVE error (each point's pull is bounded, so a 10x outlier cannot drag
+       the fit), with non-negative coefficients (a negative one is dropped and the rest refitted);
+    2. drop points above 1.5x the fitted value and refit, up to `rounds` times.
+    Returns [a, b, e, f]."""
+    def features(r):
+        n = r["batch"] * r["width"]
+        return [1.0, n, n * r["context"], r["batch"]]
+
+    def solve(idx):
+        X = torch.tensor([features(rows[i]) for i in idx], dtype=torch.float64)
+        y = torch.tensor([rows[i]["seconds_raw_min"] for i in idx], dtype=torch.float64)
+        active = list(range(4))
+        while True:
+            sol = torch.linalg.lstsq(X[:, active] / y[:, None], torch.ones_like(y)[:, None]).solution[:, 0]  # 1.
+            if (sol >= 0).all() or len(active) == 1:
+                coef = torch.zeros(4, dtype=torch.float64)
+                coef[active] = sol.clamp_min(0.0)
+                return coef, X @ coef, y
+            active.pop(int(sol.argmin()))
+
+    keep = list(range(len(rows)))
+    for _ in range(rounds):  # 2.
+        coef, pred, y = solve(keep)
+        kept = [i for i, ok in zip(keep, (y <= 1.5 * pred).tolist()) if ok]
+        if len(kept) < 4 or kept == keep:
+            break
+        keep = kept
+    coef = solve(keep)[0]
+    for r in rows:
+        r["seconds"] = float(torch.tensor(features(r), dtype=torch.float64) @ coef)
+        r["fit_outlier"] = r["seconds_raw_min"] > 1.5 * r["seconds"]
+    return coef.tolist()
+
+
+def verify_cost(table: list[dict], B: int, w: int, context: float) -> float:
+    """T(B, w, context) from the grid's fitted `seconds`: exact B and w, linear in context between
+    measured ones (the nearest measured context outside them)."""
+    pts = sorted((r["context"], r["seconds"]) for r in table if r["batch"] == B and r["width"] == w)
+    if not pts:
+        raise KeyError(f"no verify cost measured for batch {B}, width {w}")
+    if context <= pts[0][0]:
+        return pts[0][1]
+    for (c0, t0), (c1, t1) in zip(pts, pts[1:]):
+        if c0 <= context <= c1:
+            return t0 + (t1 - t0) * (context - c0) / (c1 - c0)
+    return pts[-1][1]
+
+
+def predict(acc: dict, table: list[dict], B: int, k: int, context: float) -> dict:
+    """speedup(B, k, context) of the module docstring's model."""
+    step = verify_cost(table, B, 1, context) + B * acc["overhead_target_s"]
+    if k == 0:
+        return {"batch": B, "k": 0, "expected_tau": 1.0, "speedup": 1.0}
+    tau, _ = expected_tau([a if a is not None else float("nan") for a in acc["per_position"]], k)
+    draft = k * acc["draft_step_s"] + acc.get("draft_commit_s", 0.0)  # per row and round
+    rnd = verify_cost(table, B, k + 1, context) + B * (draft + acc["overhead_spec_s"])
+    return {"batch": B, "k": k, "expected_tau": tau, "speedup": tau * step / rnd}
+
+
+def recommend(acc: dict, table: list[dict], batches: list[int], k_max: int, context: float) -> dict:
+    best = {}
+    for B in batches:
+        preds = [predict(acc, table, B, k, context) for k in range(k_max + 1)]
+        top = max(preds, key=lambda p: (p["speedup"], -p["k"]))
+        best[str(B)] = {"k": top["k"], "speedup": top["speedup"]}
+    stops = [B for B in batches if best[str(B)]["k"] == 0]
+    return {"context": context, "best_k_by_batch": best,
+            "speculation_stops_paying_at_batch": min(stops) if stops else None}
+
+
+def main(args: argparse.Namespace) -> int:
+    from draftsmith.eval import proposers, results, runner
+    from draftsmith.train.checkpoint import load_drafter
+
+    batches, contexts = _ints(args.batches, "--batches"), _ints(args.contexts, "--contexts")
+    validate = _ints(args.validate_batches, "--validate-batches") if args.validate_batches else []
+    names = workloads.expand([w.strip() for w in args.workloads.split(",") if w.strip()])
+    loaded = load_drafter(args.path, device=None if args.device == "auto" else args.device)
+    target, proposer = loaded.target, proposers.from_drafter(loaded.drafter, loaded.target)
+    limit = getattr(target.config, "max_position_embeddings", None)
+    if limit is not None and max(contexts) + args.k_max + 1 > limit:
+        raise SystemExit(f"--contexts {args.contexts}: the largest plus k_max + 1 exceeds the target's {limit} positions")
+    print(f"[profile] verify cost grid: batches {batches}, widths 1..{args.k_max + 1}, contexts {contexts}", flush=True)
+    table = measure_verify(target, sorted(set(batches + validate)), list(range(1, args.k_max + 2)), contexts, args.repeats)
+    acceptance, recs, predicted, checks = {}, {}, [], []
+    for name in names:
+        items = workloads.load(name, None, args.num_prompts)
+        prompts = [workloads.encode(it, target.tokenizer, "auto", (limit or 10**9) - args.max_new_tokens)[0] for it in items]
+        print(f"[profile] {name}: acceptance at k = {args.k_max} over {len(prompts)} prompts", flush=True)
+        acc = measure_acceptance(target, proposer, prompts, args.k_max, args.max_new_tokens)
+        acc.update(measure_loop_overhead(target, proposer, prompts, args.overhead_batch, args.k_max, args.max_new_tokens))
+        acc["cost_statistic"] = "10th percentile of per-call / per-round samples (unpreempted cost on a shared machine)"
+        acceptance[name] = acc
+        ctx = acc["prompt_tokens_mean"] + args.max_new_tokens / 2  # the mean context of a decode round
+        recs[name] = recommend(acc, table, batches, args.k_max, ctx)
+        for c in contexts:
+            predicted += [{"workload": name, "context": c, **predict(acc, table, B, k, c)}
+                          for B in batches for k in range(args.k_max + 1)]
+        if validate:
+            k_val = max(1, recs[name]["best_k_by_batch"][str(min(batches))]["k"])
+            s = runner.EvalSettings(k=k_val, max_new_tokens=args.max_new_tokens, num_prompts=args.num_prompts,
+                                    warmup=1, seed=0, check_lossless=False)
+            for row in runner.run_batched(target, proposer, name, s, validate):
+                p = predict(acc, table, row["batch_size"], k_val, ctx)["speedup"]
+                m = row["decode_speedup"]
+                checks.append({"workload": name, "batch": row["batch_size"], "k": k_val, "predicted": p,
+                               "measured": m, "relative_error": (p - m) / m, "measured_tau": row["acceptance_length"],
+                               "measured_end_to_end": row["speedup"]})
+    first = recs[names[0]]["best_k_by_batch"][str(min(batches))]
+    profile = {
+        "schema": SCHEMA, "schema_version": 1,
+        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": "draftsmith profile " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
+        "drafter": {"kind": loaded.drafter.kind, "path": str(args.path)}, "target": target.identity(),
+        "hardware": results.hardware(target.device), "software": results.software(),
+        "model": "speedup(B,k,c) = E[tau](k) * (T(B,1,c) + B*o_t) / (T(B,k+1,c) + B*(k*d + commit + o_s)); see draftsmith/eval/profile.py",
+        "settings": {"k_max": args.k_max, "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts,
+                     "workloads": names, "batches": batches, "contexts": contexts, "repeats": args.repeats,
+                     "threads": torch.get_num_threads()},
+        "acceptance": acceptance, "verify_cost": table, "predicted": predicted, "recommendation": recs,
+        "recommended_num_speculative_tokens": first["k"], "speculation_pays_at_batch_1": first["k"] > 0,
+        "validation": checks,
+        "validation_error": {"mean_abs_relative": statistics.fmean(abs(c["relative_error"]) for c in checks)} if checks else None,
+    }
+    out = args.out or Path(args.path) / PROFILE_FILE
+    out.write_text(json.dumps(results._clean(profile), indent=1) + "\n")
+    print(summary(profile))
+    print(f"[profile] written to {out}")
+    return 0
+
+
+def summary(profile: dict) -> str:
+    lines = []
+    for name, rec in profile["recommendation"].items():
+        best = ", ".join(f"B={b}: k={v['k']} ({v['speedup']:.2f}x)" for b, v in rec["best_k_by_batch"].items())
+        lines.append(f"{name} (context ~{rec['context']:.0f}): best k per batch {best}")
+        stop = rec["speculation_stops_paying_at_batch"]
+        lines.append(f"  speculation stops paying at batch {stop}" if stop else "  speculation pays at every batch profiled")
+    if not profile["speculation_pays_at_batch_1"]:
+        lines.append("speculation does not pay here: the best choice at batch 1 is k = 0 (target-only decoding)")
+    for c in profile["validation"]:
+        lines.append(f"validation {c['workload']} B={c['batch']} k={c['k']}: predicted {c['predicted']:.2f}x "
+                     f"measured {c['measured']:.2f}x (error {c['relative_error']:+.0%})")
+    if profile["validation_error"]:
+        lines.append(f"mean |relative error| {profile['validation_error']['mean_abs_relative']:.0%}")
+    return "\n".join(lines)

@@ -1,0 +1,114 @@
+"""Speedup profile (eval/profile.py): the model's choices on synthetic costs, and `draftsmith profile`
+-> speedup_profile.json -> `draftsmith export` copying it with the recommended k."""
+from __future__ import annotations
+
+import json
+
+from draftsmith.cli import main as cli_main
+from draftsmith.eval import profile
+
+try:
+    from tests.conftest import REPO, STORIES, shared_path
+except ImportError:  # pytest run from inside tests/
+    from conftest import REPO, STORIES, shared_path
+
+
+def _table(cost):
+    return [{"context": c, "batch": B, "width": w, "seconds": cost(B, w, c)}
+            for c in (64, 256) for B in (1, 4, 16) for w in range(1, 5)]
+
+
+def _acc(a=0.8, draft=0.0):
+    return {"per_position": [a, a, a], "draft_step_s": draft, "overhead_spec_s": 0.0, "overhead_target_s": 0.0}
+
+
+def test_verify_cost_interpolates_context_only():
+    t = _table(lambda B, w, c: B * w * c * 1e-6)
+    assert profile.verify_cost(t, 4, 2, 64) == 4 * 2 * 64e-6
+    assert abs(profile.verify_cost(t, 4, 2, 160) - 4 * 2 * 160e-6) < 1e-12
+    assert profile.verify_cost(t, 4, 2, 1000) == 4 * 2 * 256e-6  # nearest measured context
+
+
+def test_flat_verify_cost_speculates_everywhere():
+    rec = profile.recommend(_acc(), _table(lambda B, w, c: 1e-3 * B), [1, 4, 16], 3, 64)
+    assert [v["k"] for v in rec["best_k_by_batch"].values()] == [3, 3, 3]
+    assert rec["speculation_stops_paying_at_batch"] is None
+    p = profile.predict(_acc(), _table(lambda B, w, c: 1e-3 * B), 1, 3, 64)
+    assert abs(p["speedup"] - (1 + 0.8 + 0.64 + 0.512)) < 1e-9  # free drafts and verify: speedup = E[tau]
+
+
+def test_compute_bound_batches_stop_paying():
+    """Verify cost flat up to 4 tokens in flight, then linear: batch 1 speculates, batch 16 does not."""
+    rec = profile.recommend(_acc(draft=1e-5), _table(lambda B, w, c: 1e-3 * max(4, B * w)), [1, 4, 16], 3, 64)
+    assert rec["best_k_by_batch"]["1"]["k"] == 3
+    assert rec["best_k_by_batch"]["16"]["k"] == 0 and rec["speculation_stops_paying_at_batch"] == 4
+
+
+def test_costly_drafts_do_not_pay_and_summary_says_so():
+    acc = _acc(a=0.3, draft=5e-3)
+    table = _table(lambda B, w, c: 1e-3 * B)
+    rec = profile.recommend(acc, table, [1, 4], 3, 64)
+    assert rec["speculation_stops_paying_at_batch"] == 1
+    text = profile.summary({"recommendation": {"w": rec}, "speculation_pays_at_batch_1": False, "validation": [],
+                            "validation_error": None})
+    assert "speculation does not pay here" in text
+
+
+def test_profile_cli_then_export_copies_it(tmp_path):
+    from draftsmith import config as config_mod
+    from draftsmith import target as target_mod
+    from draftsmith.heads import DRAFTERS
+    from draftsmith.train import checkpoint
+
+    shared_path(STORIES)
+    cfg = config_mod.load(str(REPO / "recipes" / "debug" / "eagle3-stories260k.yaml"))
+    cfg.target.path = str(shared_path(STORIES))
+    target = target_mod.from_config(cfg.target)
+    drafter = DRAFTERS.get("eagle3").from_target(config_mod.drafter_options(cfg), target, None)
+    ckpt = tmp_path / "run" / "final"
+    checkpoint.save(ckpt, drafter, target, cfg, step=0)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "Once upon a time"}\n{"id": "b", "prompt": "Lily saw a big"}\n')
+    rc = cli_main(["profile", str(ckpt), "--workloads", f"jsonl:{prompts}", "--k-max", "2", "--batches", "1,2",
+                   "--contexts", "16,32", "--repeats", "1", "--num-prompts", "2", "--max-new-tokens", "6",
+                   "--overhead-batch", "2", "--validate-batches", "2"])
+    assert rc == 0
+    prof = json.loads((ckpt / profile.PROFILE_FILE).read_text())
+    assert prof["schema"] == profile.SCHEMA
+    assert {(r["batch"], r["width"], r["context"]) for r in prof["verify_cost"]} == \
+        {(B, w, c) for B in (1, 2) for w in (1, 2, 3) for c in (16, 32)}
+    assert [c["batch"] for c in prof["validation"]] == [2] and prof["validation_error"]["mean_abs_relative"] >= 0
+    rec = prof["recommended_num_speculative_tokens"]
+    assert rec == prof["recommendation"][f"jsonl:{prompts}"]["best_k_by_batch"]["1"]["k"]
+    out = tmp_path / "export"
+    assert cli_main(["export", str(ckpt), "--to", "vllm", "--out", str(out)]) == 0
+    assert (out / profile.PROFILE_FILE).read_text() == (ckpt / profile.PROFILE_FILE).read_text()
+    side = json.loads((out / "draftsmith.json").read_text())
+    assert side["speedup_profile"]["recommended_num_speculative_tokens"] == rec
+    if rec >= 1:
+        assert side["num_speculative_tokens"] == rec
+    # the leaderboard plots the profile (and acceptance against context for results that carry it)
+    from tests.report.result_files import make_result, workload
+
+    res = make_result(workloads={"long_context": workload(2.0, [0.8, 0.5, 0.4])})
+    res["workloads"]["long_context"]["aggregate"]["by_context"] = [
+        {"lo": 64, "hi": 128, "rounds": 3, "acceptance_length": 2.2, "acceptance_rate": 0.4},
+        {"lo": 256, "hi": 512, "rounds": 5, "acceptance_length": 1.6, "acceptance_rate": 0.2}]
+    (tmp_path / "r.json").write_text(json.dumps(res))
+    assert cli_main(["leaderboard", str(tmp_path / "r.json"), "--profile", str(ckpt / profile.PROFILE_FILE),
+                     "--out", str(tmp_path / "lb")]) == 0
+    names = [p.name for p in (tmp_path / "lb" / "plots").iterdir()]
+    assert any("acceptance-vs-context" in n for n in names) and any(n.startswith("profile-1-") for n in names)
+    assert "Speedup profiles" in (tmp_path / "lb" / "README.md").read_text()
+
+
+def test_verify_cost_fit_ignores_preempted_samples():
+    """Time-sliced forwards only ever cost MORE: the fit recovers the cost law from the rest."""
+    true = lambda B, w, c: 2e-3 + 5e-5 * B * w + 1e-7 * B * w * c  # noqa: E731
+    rows = [{"batch": B, "width": w, "context": c, "seconds_raw_min": true(B, w, c)}
+            for c in (64, 256) for B in (1, 4, 16) for w in (1, 2, 3, 4)]
+    for i in (3, 7, 12, 20):  # four samples caught a preemption: 5-12x slower
+        rows[i]["seconds_raw_min"] *= 5 + i % 8
+    a, b, e, f = profile.fit_verify_cost(rows)
+    assert abs(a - 2e-3) < 1e-5 and abs(b - 5e-5) < 2e-6 and abs(e - 1e-7) < 1e-8 and f < 1e-6
+    assert [r["fit_outlier"] for r in rows].count(True) == 4
