@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.errors import UserError
 from draftsmith.eval import proposers, results, runner, workloads
 from draftsmith.eval.sampling import VERIFICATION_RULES, SamplingParams, rule_name
 
@@ -59,7 +60,7 @@ def _load(args):
 
     if args.path:
         if args.draft_model or args.proposer:
-            raise SystemExit("give either a checkpoint PATH or --draft-model/--proposer, not both")
+            raise UserError("give either a checkpoint PATH or --draft-model/--proposer, not both")
         from draftsmith.train.checkpoint import load_drafter
 
         device = None if args.device == "auto" else args.device
@@ -72,14 +73,14 @@ def _load(args):
                     "training_log": str(log) if log.exists() else None}
         return target, proposers.from_drafter(drafter, target), identity
     if not args.target:
-        raise SystemExit("--target is required with --draft-model or --proposer (or give a checkpoint PATH)")
+        raise UserError("--target is required with --draft-model or --proposer (or give a checkpoint PATH)")
     kind = args.proposer or ("draft_lm" if args.draft_model else None)
     if kind is None:
-        raise SystemExit("name a drafter: a checkpoint PATH, --draft-model DIR_OR_ID, or --proposer ngram")
+        raise UserError("name a drafter: a checkpoint PATH, --draft-model DIR_OR_ID, or --proposer ngram")
     target = target_mod.load(args.target, dtype=args.dtype or "float32", device=args.device)
     if kind == "draft_lm":
         if not args.draft_model:
-            raise SystemExit("--proposer draft_lm needs --draft-model DIR_OR_ID")
+            raise UserError("--proposer draft_lm needs --draft-model DIR_OR_ID")
         draft = target_mod.load(args.draft_model, dtype=args.dtype or "float32", device=str(target.device))
         identity = {"kind": "draft_lm", **draft.identity(), "path": args.draft_model}
         return target, proposers.build("draft_lm", target, draft_model=draft), identity
@@ -89,7 +90,22 @@ def _load(args):
     return target, proposers.build(kind, target, **options), identity
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse out-of-range flags with one line naming the flag and the fix."""
+    problems = [(args.k < 0, f"--k {args.k}: must be >= 0 (0 runs target-only decoding)"),
+                (args.num_prompts < 0, f"--num-prompts {args.num_prompts}: must be >= 0 (0: every prompt)"),
+                (args.max_new_tokens < 1, f"--max-new-tokens {args.max_new_tokens}: must be >= 1"),
+                (args.warmup < 0, f"--warmup {args.warmup}: must be >= 0"),
+                (args.temperature < 0, f"--temperature {args.temperature}: must be >= 0 (0: greedy)"),
+                (args.top_k < 0, f"--top-k {args.top_k}: must be >= 0 (0: off)"),
+                (not 0.0 < args.top_p <= 1.0, f"--top-p {args.top_p}: must lie in (0, 1] (1: off)")]
+    for bad, message in problems:
+        if bad:
+            raise UserError(message)
+
+
 def main(args: argparse.Namespace) -> int:
+    check_args(args)
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     names = workloads.expand([w.strip() for w in args.workloads.split(",") if w.strip()])
     target, proposer, drafter_id = _load(args)
