@@ -43,6 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--num-prompts", type=int, default=10, help="per workload (0: all)")
     p.add_argument("--warmup", type=int, default=1, help="prompts run untimed before each workload")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed runs per prompt and mode (>= 3); the run with the median latency is kept")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--check-lossless", action="store_true",
                    help="greedy speculative output must equal target-only greedy output on every prompt")
@@ -96,6 +98,7 @@ def check_args(args: argparse.Namespace) -> None:
                 (args.num_prompts < 0, f"--num-prompts {args.num_prompts}: must be >= 0 (0: every prompt)"),
                 (args.max_new_tokens < 1, f"--max-new-tokens {args.max_new_tokens}: must be >= 1"),
                 (args.warmup < 0, f"--warmup {args.warmup}: must be >= 0"),
+                (args.repeats < 3, f"--repeats {args.repeats}: must be >= 3 (a median of fewer timings is noise)"),
                 (args.temperature < 0, f"--temperature {args.temperature}: must be >= 0 (0: greedy)"),
                 (args.top_k < 0, f"--top-k {args.top_k}: must be >= 0 (0: off)"),
                 (not 0.0 < args.top_p <= 1.0, f"--top-p {args.top_p}: must lie in (0, 1] (1: off)")]
@@ -112,11 +115,11 @@ def main(args: argparse.Namespace) -> int:
     settings = runner.EvalSettings(
         k=args.k, max_new_tokens=args.max_new_tokens, sampling=sampling, num_prompts=args.num_prompts or None,
         warmup=args.warmup, seed=args.seed, prompt_format=args.prompt_format, data_dir=args.data_dir,
-        check_lossless=args.check_lossless)
+        check_lossless=args.check_lossless, repeats=args.repeats)
     rule = rule_name(sampling)
     config = {"k": args.k, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
               "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts, "seed": args.seed,
-              "warmup": args.warmup, "dtype": str(target.dtype).removeprefix("torch."), "device": str(target.device),
+              "warmup": args.warmup, "repeats": args.repeats, "dtype": str(target.dtype).removeprefix("torch."), "device": str(target.device),
               "verification": rule, "lossless_rule": VERIFICATION_RULES[rule], "prompt_format": args.prompt_format,
               "eos_ids": target.eos_ids, "workloads": names, "first_turn_only": True}
     if args.path:
