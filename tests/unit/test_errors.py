@@ -72,3 +72,10 @@ def test_drafter_config_ranges(kind):
     with pytest.raises(config.ConfigError, match=f"drafter.{key}: must be"):
         config.from_dict({"drafter": {"kind": kind, key: value}})
     config.from_dict({"drafter": {"kind": kind}})  # the defaults are in range
+
+
+def test_relative_missing_target_that_looks_like_a_hub_id(capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    err = _one_line_error(capsys, ["eval", "--target", "nosuchdir/model", "--proposer", "ngram",
+                                   "--workloads", "pycode"])
+    assert "'nosuchdir/model': no such local directory" in err
