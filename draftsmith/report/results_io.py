@@ -73,7 +73,8 @@ class Result:
     def sampling(self) -> tuple:
         """(top_k, top_p): the rest of the sampling transform besides the temperature."""
         cfg = self.data["config"]
-        return (cfg.get("top_k", 0), cfg.get("top_p", 1.0))
+        top_k, top_p = cfg.get("top_k"), cfg.get("top_p")
+        return (int(top_k) if isinstance(top_k, (int, float)) else 0, float(top_p) if isinstance(top_p, (int, float)) else 1.0)
 
     @property
     def tree_budget(self) -> int | None:
