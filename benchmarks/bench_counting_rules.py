@@ -62,15 +62,16 @@ def main() -> None:
                for w in ("mt_bench", "gsm8k")}
     rows = []
     for kind in [k for k in args.kinds.split(",") if k] + ["ngram"]:
+        target = stories
         if kind == "ngram":
             proposer = proposers.build("ngram", stories)
         else:
             ckpt = args.out / "runs" / kind / "final"
             if not (ckpt / "drafter.safetensors").exists():
                 ckpt, _wall, _m = train_kind(kind, args.steps, args.out)
-            loaded = load_drafter(ckpt, device="cpu", target=stories)
-            proposer = proposers.from_drafter(loaded.drafter, stories)
-        rows.append((kind, {w: measure(stories, proposer, ps, args.k, args.max_new_tokens) for w, ps in prompts.items()}))
+            loaded = load_drafter(ckpt, device="cpu")  # the target as the recipe loads it (its dtype)
+            target, proposer = loaded.target, proposers.from_drafter(loaded.drafter, loaded.target)
+        rows.append((kind, {w: measure(target, proposer, ps, args.k, args.max_new_tokens) for w, ps in prompts.items()}))
         print(kind, rows[-1][1], flush=True)
     print(f"\nstories260K, greedy, k={args.k}, {args.num_prompts} prompts per workload, {args.max_new_tokens} new tokens")
     print("| kind | mt_bench tau mean -> pooled | alpha old -> new | gsm8k tau mean -> pooled | alpha old -> new |")

@@ -74,8 +74,7 @@ def test_drafter_config_ranges(kind):
     config.from_dict({"drafter": {"kind": kind}})  # the defaults are in range
 
 
-def test_relative_missing_target_that_looks_like_a_hub_id(capsys, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    err = _one_line_error(capsys, ["eval", "--target", "nosuchdir/model", "--proposer", "ngram",
-                                   "--workloads", "pycode"])
-    assert "'nosuchdir/model': no such local directory" in err
+def test_relative_missing_target_that_looks_like_a_hub_id(capsys):
+    # "org/name" form, not a local directory; the space makes the hub reject it before any network call
+    err = _one_line_error(capsys, ["eval", "--target", "no such/model", "--proposer", "ngram", "--workloads", "pycode"])
+    assert "'no such/model': no such local directory" in err and "as a Hugging Face id it did not load" in err
