@@ -10,6 +10,10 @@
     draftsmith report results/run.json
     draftsmith ls                              # drafter kinds, workloads, export formats, recipes
 
+Expected errors (a bad path, value or key, a mismatch, a missing file, an offline load without
+a cache) print one line naming the file, key or value and the fix, and exit 2. Add `--debug`
+anywhere on the command line (or set DRAFTSMITH_DEBUG=1) to see the traceback instead.
+
 Each subcommand lives in the module that owns its stage; that module provides
 `add_arguments(parser)` and `main(args) -> int`.
 """
@@ -17,7 +21,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+from draftsmith.errors import EXPECTED, one_line
 
 SUBCOMMANDS = {
     "train": ("draftsmith.train.cli", "train a drafter from a recipe"),
@@ -34,6 +41,7 @@ SUBCOMMANDS = {
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="draftsmith", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of expected errors (also after COMMAND)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text)
@@ -45,7 +53,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv or os.environ.get("DRAFTSMITH_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
     only = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     parser = build_parser(only)
     args, extra = parser.parse_known_args(argv)
@@ -56,7 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_module", None):
         parser.print_help()
         return 0 if not argv else 2
-    return int(args._module.main(args) or 0)
+    try:
+        return int(args._module.main(args) or 0)
+    except EXPECTED as exc:
+        if debug:
+            raise
+        print(f"draftsmith {args.command}: error: {one_line(exc)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -110,7 +110,7 @@ class TrainConfig:
     eval_every: int = 0
     # Continue from the newest checkpoint in output_dir (true), a path, or start fresh (false).
     resume: Union[bool, str] = False
-    # Warm start: load drafter weights only from a checkpoint or export directory.
+    # Warm start: load drafter weights only from a checkpoint directory or a `draftsmith export` directory.
     init_from: Optional[str] = None
     backend: Literal["single", "ddp", "fsdp2", "deepspeed"] = "single"
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
@@ -336,6 +336,8 @@ def from_dict(raw: dict, source: str = "recipe", overrides: list[str] | None = N
         _validate_drafter(cfg, problems)
     if not problems:  # value checks need well-typed values
         problems.extend(_semantic_checks(cfg))
+        problems.extend(_range_checks(cfg))
+        problems.extend(_drafter_range_checks(cfg))
     if problems:
         raise ConfigError(source, problems)
     return cfg
@@ -357,6 +359,45 @@ def _semantic_checks(cfg: RecipeConfig) -> list[str]:
     if cfg.data.max_length < 8:
         problems.append("data.max_length: must be >= 8 tokens")
     return problems
+
+
+def _drafter_range_checks(cfg: RecipeConfig) -> list[str]:
+    """The drafter kind's own ranges (heads/<kind>.py, Config.problems)."""
+    from draftsmith.heads import DRAFTERS
+
+    options, _ = build_dataclass(DRAFTERS.get(cfg.drafter.kind).Config, cfg.drafter.options, "drafter")
+    return options.problems() if hasattr(options, "problems") else []
+
+
+def _range_checks(cfg: RecipeConfig) -> list[str]:
+    """Numeric ranges of the common sections (each drafter kind checks its own in Config.problems)."""
+    t, d, f, r = cfg.train, cfg.data, cfg.features, cfg.regenerate
+    rules = [
+        (t.lr > 0, f"train.lr: must be > 0, got {t.lr}"),
+        (0 <= t.min_lr_ratio <= 1, f"train.min_lr_ratio: must lie in [0, 1], got {t.min_lr_ratio}"),
+        (t.warmup_steps >= 0, f"train.warmup_steps: must be >= 0, got {t.warmup_steps}"),
+        (t.weight_decay >= 0, f"train.weight_decay: must be >= 0, got {t.weight_decay}"),
+        (len(t.betas) == 2 and all(0 <= b < 1 for b in t.betas),
+         f"train.betas: must be two numbers in [0, 1), got {t.betas}"),
+        (t.max_grad_norm >= 0, f"train.max_grad_norm: must be >= 0 (0: no clipping), got {t.max_grad_norm}"),
+        (t.epochs >= 1, f"train.epochs: must be >= 1, got {t.epochs}"),
+        (t.log_every >= 1, f"train.log_every: must be >= 1, got {t.log_every}"),
+        (t.save_every >= 0, f"train.save_every: must be >= 0 (0: only the final checkpoint), got {t.save_every}"),
+        (t.keep_last >= 1, f"train.keep_last: must be >= 1, got {t.keep_last}"),
+        (t.eval_every >= 0, f"train.eval_every: must be >= 0, got {t.eval_every}"),
+        (d.max_samples is None or d.max_samples >= 1, f"data.max_samples: must be >= 1 or null, got {d.max_samples}"),
+        (d.eval_samples >= 0, f"data.eval_samples: must be >= 0, got {d.eval_samples}"),
+        (d.text_chunk_tokens >= 2, f"data.text_chunk_tokens: must be >= 2, got {d.text_chunk_tokens}"),
+        (f.shard_rows >= 1, f"features.shard_rows: must be >= 1, got {f.shard_rows}"),
+        (f.build_batch_size >= 1, f"features.build_batch_size: must be >= 1, got {f.build_batch_size}"),
+        (r.max_new_tokens >= 1, f"regenerate.max_new_tokens: must be >= 1, got {r.max_new_tokens}"),
+        (r.temperature >= 0, f"regenerate.temperature: must be >= 0 (0: greedy), got {r.temperature}"),
+        (0 < r.top_p <= 1, f"regenerate.top_p: must lie in (0, 1], got {r.top_p}"),
+        (r.batch_size >= 1, f"regenerate.batch_size: must be >= 1, got {r.batch_size}"),
+        (r.timeout_s > 0, f"regenerate.timeout_s: must be > 0, got {r.timeout_s}"),
+        (r.limit is None or r.limit >= 1, f"regenerate.limit: must be >= 1 or null, got {r.limit}"),
+    ]
+    return [message for ok, message in rules if not ok]
 
 
 def load(path: str | Path, overrides: list[str] | None = None) -> RecipeConfig:
@@ -387,6 +428,8 @@ def drafter_options(cfg: RecipeConfig) -> Any:
     from draftsmith.heads import DRAFTERS
 
     options, problems = build_dataclass(DRAFTERS.get(cfg.drafter.kind).Config, cfg.drafter.options, "drafter")
+    if not problems and hasattr(options, "problems"):
+        problems = options.problems()
     if problems:
         raise ConfigError("drafter", problems)
     return options

@@ -4,6 +4,8 @@ from __future__ import annotations
 import difflib
 from typing import Callable, Generic, TypeVar
 
+from draftsmith.errors import UnknownNameError
+
 T = TypeVar("T")
 
 
@@ -27,7 +29,7 @@ class Registry(Generic[T]):
         if name not in self._items:
             hint = difflib.get_close_matches(name, self._items, n=1)
             tip = f" (did you mean {hint[0]!r}?)" if hint else ""
-            raise KeyError(f"unknown {self.axis} {name!r}{tip}; known: {', '.join(sorted(self._items))}")
+            raise UnknownNameError(f"unknown {self.axis} {name!r}{tip}; known: {', '.join(sorted(self._items))}")
         return self._items[name]
 
     def names(self) -> list[str]:

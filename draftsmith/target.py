@@ -186,14 +186,30 @@ def load(path: str, dtype: str = "float32", device: str = "auto", revision: str 
 
     hf_logging.disable_progress_bar()
     local = resolve_path(path)
+    if looks_local(path) and not Path(local).expanduser().is_dir():
+        raise FileNotFoundError(f"target path {path!r}: no such directory; give a local model directory "
+                                "(holding config.json), a Hugging Face id such as org/name, or builtin:pycode-tiny")
     if dtype not in DTYPES:
         raise ValueError(f"target dtype {dtype!r} is not one of {list(DTYPES)}")
-    model = AutoModelForCausalLM.from_pretrained(
-        local, dtype=DTYPES[dtype], revision=revision, trust_remote_code=trust_remote_code
-    )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            local, dtype=DTYPES[dtype], revision=revision, trust_remote_code=trust_remote_code
+        )
+    except (OSError, ValueError) as exc:
+        if Path(local).expanduser().is_dir():
+            raise
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise FileNotFoundError(f"target path {path!r}: no such local directory, and as a Hugging Face id it did not "
+                                f"load ({first}); give an existing model directory, or a hub id available online or "
+                                "in the local cache") from exc
     tokenizer = AutoTokenizer.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code)
     model.to(resolve_device(device))
     return Target(model, tokenizer, name=display_name(path), path=path)
+
+
+def looks_local(path: str) -> bool:
+    """A path no Hugging Face id can be ("org/name" or "name"): absolute, ./ ../ ~, or more than one '/'."""
+    return path.startswith(("/", ".", "~")) or path.count("/") > 1 or path.endswith("/") or "\\" in path
 
 
 def display_name(path: str) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.errors import UserError
 from draftsmith.eval import proposers, results, runner, workloads
 from draftsmith.eval.sampling import VERIFICATION_RULES, SamplingParams, rule_name
 
@@ -58,6 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--num-prompts", type=int, default=10, help="per workload (0: all)")
     p.add_argument("--warmup", type=int, default=1, help="prompts run untimed before each workload")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed runs per prompt and mode (>= 3); the run with the median latency is kept")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--check-lossless", action="store_true",
                    help="greedy speculative output must equal target-only greedy output on every prompt")
@@ -76,13 +79,13 @@ def _load(args):
     from draftsmith import target as target_mod
 
     if args.revision and not args.target:
-        raise SystemExit("--revision names a revision of --target; give --target too (a checkpoint's own target "
+        raise UserError("--revision names a revision of --target; give --target too (a checkpoint's own target "
                          "loads at its recipe's target.revision)")
     if args.draft_revision and not args.draft_model:
-        raise SystemExit("--draft-revision names a revision of --draft-model; give --draft-model too")
+        raise UserError("--draft-revision names a revision of --draft-model; give --draft-model too")
     if args.path:
         if args.draft_model or args.proposer:
-            raise SystemExit("give either a checkpoint PATH or --draft-model/--proposer, not both")
+            raise UserError("give either a checkpoint PATH or --draft-model/--proposer, not both")
         from draftsmith.train.checkpoint import load_drafter, read_config
 
         device = None if args.device == "auto" else args.device
@@ -101,15 +104,15 @@ def _load(args):
                     "training_log": str(log) if log.exists() else None}
         return target, proposers.from_drafter(drafter, target), identity
     if not args.target:
-        raise SystemExit("--target is required with --draft-model or --proposer (or give a checkpoint PATH)")
+        raise UserError("--target is required with --draft-model or --proposer (or give a checkpoint PATH)")
     kind = args.proposer or ("draft_lm" if args.draft_model else None)
     if kind is None:
-        raise SystemExit("name a drafter: a checkpoint PATH, --draft-model DIR_OR_ID, or --proposer ngram")
+        raise UserError("name a drafter: a checkpoint PATH, --draft-model DIR_OR_ID, or --proposer ngram")
     target = target_mod.load(args.target, dtype=args.dtype or "float32", device=args.device, revision=args.revision,
                              trust_remote_code=args.trust_remote_code)
     if kind == "draft_lm":
         if not args.draft_model:
-            raise SystemExit("--proposer draft_lm needs --draft-model DIR_OR_ID")
+            raise UserError("--proposer draft_lm needs --draft-model DIR_OR_ID")
         draft = target_mod.load(args.draft_model, dtype=args.dtype or "float32", device=str(target.device),
                                 revision=args.draft_revision, trust_remote_code=args.trust_remote_code)
         identity = {"kind": "draft_lm", **draft.identity(), "path": args.draft_model}
@@ -120,7 +123,23 @@ def _load(args):
     return target, proposers.build(kind, target, **options), identity
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse out-of-range flags with one line naming the flag and the fix."""
+    problems = [(args.k < 0, f"--k {args.k}: must be >= 0 (0 runs target-only decoding)"),
+                (args.num_prompts < 0, f"--num-prompts {args.num_prompts}: must be >= 0 (0: every prompt)"),
+                (args.max_new_tokens < 1, f"--max-new-tokens {args.max_new_tokens}: must be >= 1"),
+                (args.warmup < 0, f"--warmup {args.warmup}: must be >= 0"),
+                (args.repeats < 3, f"--repeats {args.repeats}: must be >= 3 (a median of fewer timings is noise)"),
+                (args.temperature < 0, f"--temperature {args.temperature}: must be >= 0 (0: greedy)"),
+                (args.top_k < 0, f"--top-k {args.top_k}: must be >= 0 (0: off)"),
+                (not 0.0 < args.top_p <= 1.0, f"--top-p {args.top_p}: must lie in (0, 1] (1: off)")]
+    for bad, message in problems:
+        if bad:
+            raise UserError(message)
+
+
 def main(args: argparse.Namespace) -> int:
+    check_args(args)
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     names = workloads.expand([w.strip() for w in args.workloads.split(",") if w.strip()])
     target, proposer, drafter_id = _load(args)
@@ -136,7 +155,7 @@ def main(args: argparse.Namespace) -> int:
         tree = TreeConfig(args.tree, depth=args.tree_depth, topk=args.tree_topk, budget=args.verify_budget)
         if args.tree_calibrate:
             if args.tree != "static":
-                raise SystemExit("--tree-calibrate builds a static tree: use it with --tree static")
+                raise UserError("--tree-calibrate builds a static tree: use it with --tree static")
             from draftsmith.eval.tree import measure_topk_acceptance
 
             limit = getattr(target.config, "max_position_embeddings", None) or 10**9
@@ -150,19 +169,21 @@ def main(args: argparse.Namespace) -> int:
     settings = runner.EvalSettings(
         tree=tree, k=args.k, max_new_tokens=args.max_new_tokens, sampling=sampling, num_prompts=args.num_prompts or None,
         warmup=args.warmup, seed=args.seed, prompt_format=prompt_format, data_dir=args.data_dir,
-        check_lossless=args.check_lossless)
+        check_lossless=args.check_lossless, repeats=args.repeats)
     rule = rule_name(sampling)
     config = {"k": args.k, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
               "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts, "seed": args.seed,
-              "warmup": args.warmup, "dtype": str(target.dtype).removeprefix("torch."), "device": str(target.device),
+              "warmup": args.warmup, "repeats": args.repeats, "dtype": str(target.dtype).removeprefix("torch."),
+              "device": str(target.device),
               "verification": rule, "lossless_rule": VERIFICATION_RULES[rule], "prompt_format": prompt_format,
               "eos_ids": target.eos_ids, "workloads": names, "first_turn_only": True,
-              "tree": None if tree is None else vars(tree), "verify_budget": tree.budget if tree else args.k}
+              "tree": None if tree is None else vars(tree), "verify_budget": tree.budget if tree else args.k,
+              "tree_budget": tree.budget if tree else None}
     if args.path:
         config["recipe"] = recipe
     batch_sizes = _batch_sizes(args)
     if batch_sizes and tree is not None:
-        raise SystemExit("--batch-size/--concurrency-sweep decode chains: drop --tree for a batched run")
+        raise UserError("--batch-size/--concurrency-sweep decode chains: drop --tree for a batched run")
     config["batch_sizes"] = batch_sizes
     torch.manual_seed(args.seed)
     per_workload = {}
@@ -218,9 +239,9 @@ def _batch_sizes(args) -> list[int]:
         try:
             sizes += [int(x) for x in args.concurrency_sweep.split(",") if x.strip()]
         except ValueError:
-            raise SystemExit(f"--concurrency-sweep {args.concurrency_sweep!r}: give comma-separated integers, e.g. 1,2,4,8") from None
+            raise UserError(f"--concurrency-sweep {args.concurrency_sweep!r}: give comma-separated integers, e.g. 1,2,4,8") from None
     if any(b < 1 for b in sizes):
-        raise SystemExit(f"batch sizes must be >= 1, got {sizes}")
+        raise UserError(f"batch sizes must be >= 1, got {sizes}")
     return sorted(set(sizes))
 
 

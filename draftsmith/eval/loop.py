@@ -15,8 +15,9 @@ drafts a tree and steps 2-4 verify it in one forward with a tree attention mask,
 gather that path's cache entries (eval/tree.py).
 
 Timing: draft = steps 1 + 5, verify = step 2, overhead = everything else in the round
-(verification arithmetic, cache crop, bookkeeping); measured with time.perf_counter, after
-torch.cuda.synchronize() when the target is on a GPU.
+(verification arithmetic, cache crop, bookkeeping); measured with time.perf_counter on CPU, and
+with CUDA events on a GPU (recorded on the stream, read once the round's last event completed:
+one wait per round instead of a device synchronisation at every time stamp).
 """
 from __future__ import annotations
 
@@ -66,9 +67,23 @@ class Generation:
     k: int = 0
 
 
-def _clock(device: torch.device) -> float:
+class _EventStamp:
+    """A CUDA event recorded on the current stream; `later - earlier` is the seconds between them,
+    waiting only for `later` to complete (no device-wide synchronisation)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.event = torch.cuda.Event(enable_timing=True)
+        self.event.record(torch.cuda.current_stream(device))
+
+    def __sub__(self, earlier: "_EventStamp") -> float:
+        self.event.synchronize()
+        return earlier.event.elapsed_time(self.event) / 1e3  # ms -> s
+
+
+def _clock(device: torch.device):
+    """A time stamp: seconds from time.perf_counter on CPU, a CUDA event on a GPU; subtract two."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        return _EventStamp(device)
     return time.perf_counter()
 
 

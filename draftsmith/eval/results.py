@@ -94,7 +94,8 @@ def _fmt(x, spec: str = ".2f") -> str:
 
 
 def table(results: dict) -> str:
-    """A readable per-workload table: tau, alpha, per-position acceptance, tokens/s, speedup, latency."""
+    """A readable per-workload table: tau, alpha, per-position acceptance, tokens/s, end-to-end speedup,
+    decode-only (TPOT) speedup, latency."""
     cfg = results["config"]
     tree = cfg.get("tree")
     shape = f"tree={tree['kind']} depth={tree['depth']} topk={tree['topk']} budget={tree['budget']}" if tree else f"k={cfg['k']}"
@@ -102,15 +103,16 @@ def table(results: dict) -> str:
             f"T={cfg['temperature']} top_k={cfg['top_k']} top_p={cfg['top_p']} max_new={cfg['max_new_tokens']} "
             f"({cfg['verification']}, {'lossless' if cfg['lossless_rule'] else 'LOSSY'})")
     cols = f"{'workload':<26}{'n':>4}{'tau':>6}{'alpha':>7}  {'per-position':<24}{'tgt tok/s':>10}{'spec tok/s':>11}" \
-           f"{'speedup':>8}{'p90':>6}{'lat med':>9}{'lat p90':>9}"
+           f"{'speedup':>8}{'p90':>6}{'TPOT sp':>8}{'lat med':>9}{'lat p90':>9}"
     lines = [head, cols, "-" * len(cols)]
     for name, w in results["workloads"].items():
         a = w["aggregate"]
         pos = " ".join(_fmt(p, ".2f") for p in a["per_position_acceptance"][:6])
         lines.append(
-            f"{name:<26}{w['num_requests']:>4}{_fmt(a['acceptance_length']['mean']):>6}{_fmt(a['acceptance_rate']):>7}  "
+            f"{name:<26}{w['num_requests']:>4}{_fmt(a['acceptance_length'].get('pooled', a['acceptance_length']['mean'])):>6}{_fmt(a['acceptance_rate']):>7}  "
             f"{pos:<24}{_fmt(a['target_tokens_per_s']['median'], '.1f'):>10}{_fmt(a['spec_tokens_per_s']['median'], '.1f'):>11}"
             f"{_fmt(a['speedup']['median']):>8}{_fmt(a['speedup']['p90']):>6}"
+            f"{_fmt((a.get('tpot_speedup') or {}).get('median')):>8}"
             f"{_fmt(a['latency_s']['median'], '.3f'):>9}{_fmt(a['latency_s']['p90'], '.3f'):>9}")
     split = [f"{n}: draft {_fmt(w['aggregate']['time_split']['draft'])} verify {_fmt(w['aggregate']['time_split']['verify'])} "
              f"overhead {_fmt(w['aggregate']['time_split']['overhead'])}" for n, w in results["workloads"].items()]

@@ -1,6 +1,8 @@
-"""Run a proposer on workloads: every prompt once target-only (k = 0) and once speculative,
-interleaved (the order alternates per prompt so that drift favours neither), after warm-up;
-greedy outputs compared for --check-lossless.
+"""Run a proposer on workloads: every prompt `repeats` times target-only (k = 0) and `repeats`
+times speculative (default 3 each), interleaved (base, spec, base, spec, ...; the order alternates
+per prompt so that drift favours neither), after warm-up. Each mode keeps its run with the median
+end-to-end latency, whose timings and round log enter the metrics (the repeats decode the same
+tokens: same prompt, same seed). Greedy outputs are compared for --check-lossless.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ class EvalSettings:
     check_lossless: bool = False
     eos_ids: Optional[list[int]] = None
     tree: Optional[TreeConfig] = None  # tree drafting (k is then the tree depth)
+    repeats: int = 3  # timed runs per prompt and mode; the median-latency run is kept (`draftsmith eval` needs >= 3)
 
 
 def first_difference(a: list[int], b: list[int]) -> Optional[int]:
@@ -47,6 +50,24 @@ def _run(target, proposer, ids: torch.Tensor, k: int, s: EvalSettings, sampling:
     return generate(target, proposer if k else None, ids, cfg, gen)
 
 
+def median_run(runs: list[Generation]) -> Generation:
+    """The run with the median end-to-end latency (the lower middle one for an even count)."""
+    return sorted(runs, key=lambda g: g.latency_s)[(len(runs) - 1) // 2]
+
+
+def _timed_pair(target, proposer, ids: torch.Tensor, s: EvalSettings, seed: int,
+                base_first: bool) -> tuple[Generation, Generation]:
+    """(speculative, target-only): the median-latency run of s.repeats interleaved runs per mode."""
+    specs, bases = [], []
+    for _ in range(s.repeats):
+        if base_first:
+            bases.append(_run(target, proposer, ids, 0, s, s.sampling, seed))
+        specs.append(_run(target, proposer, ids, s.k, s, s.sampling, seed))
+        if not base_first:
+            bases.append(_run(target, proposer, ids, 0, s, s.sampling, seed))
+    return median_run(specs), median_run(bases)
+
+
 def _lossless(target, proposer, item_id: str, ids, spec: Generation, base: Generation, s: EvalSettings,
               seed: int) -> Optional[dict]:
     """None if greedy speculative output equals greedy target-only output, else the mismatch."""
@@ -63,6 +84,8 @@ def _lossless(target, proposer, item_id: str, ids, spec: Generation, base: Gener
 
 def run_workload(target, proposer, name: str, s: EvalSettings, log: Callable[[str], None] = print) -> dict:
     """One workload -> its results section (docs/results-schema.md)."""
+    if s.repeats < 1:
+        raise ValueError(f"repeats must be >= 1 (timed runs per prompt and mode), got {s.repeats}")
     items = workloads.load(name, s.data_dir, s.num_prompts)
     if not items:
         raise ValueError(f"workload {name!r} has no prompts")
@@ -77,12 +100,7 @@ def run_workload(target, proposer, name: str, s: EvalSettings, log: Callable[[st
     requests, mismatches = [], []
     for i, (item, ids, truncated) in enumerate(encoded):
         seed = s.seed + i
-        if i % 2 == 0:
-            base = _run(target, proposer, ids, 0, s, s.sampling, seed)
-            spec = _run(target, proposer, ids, s.k, s, s.sampling, seed)
-        else:
-            spec = _run(target, proposer, ids, s.k, s, s.sampling, seed)
-            base = _run(target, proposer, ids, 0, s, s.sampling, seed)
+        spec, base = _timed_pair(target, proposer, ids, s, seed, base_first=i % 2 == 0)
         req = {"id": item["id"], **metrics.request_metrics(spec, base, s.k), "prompt_truncated": truncated,
                "_rounds": bins.round_records(spec)}
         if s.check_lossless:

@@ -78,7 +78,9 @@ def verify_stochastic(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | No
     draft_tokens [k]; draft_probs [k, V] the q each draft was drawn from (None: a deterministic
     proposer, q one-hot on its token); target_probs [k+1, V] the target's p after the SAME
     temperature/top-k/top-p transform. The emitted tokens are distributed exactly as p. Steps:
-    1. for i = 0..k-1: accept d_i with probability min(1, p_i(d_i) / q_i(d_i)) (u * q <= p).
+    1. for i = 0..k-1: draw u ~ U[0, 1) and accept d_i when u < p_i(d_i) / q_i(d_i), which happens with
+       probability min(1, p/q). The comparison is strict: with u = 0 (torch.rand can return it) a
+       token the target gives p = 0 must still be rejected.
     2. on the first rejection at i, emit a token drawn from norm(max(0, p_i - q_i)) and stop.
     3. if all k are accepted, emit a bonus token drawn from p_k.
     """
@@ -92,14 +94,14 @@ def verify_stochastic(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | No
     p_tok = target_probs[rows, draft_tokens]  # [k]
     q_tok = draft_probs[rows, draft_tokens]  # [k]
     u = torch.rand(k, generator=generator, device=device)  # [k]
-    accept = (u * q_tok <= p_tok).long()  # step 1, written without a division (q may be 0 after top-k)
+    accept = (u * q_tok < p_tok).long()  # step 1: u < p/q, written without a division (q may be 0 after top-k)
     accepted = int(accept.cumprod(0).sum().item()) if k else 0
     if accepted == k:  # step 3: bonus token from p
         return Verdict(k, int(sample(target_probs[k], generator).item()))
     residual = (target_probs[accepted] - draft_probs[accepted]).clamp_min(0.0)  # step 2, [V]
     total = residual.sum()
     if total <= 0:
-        # Only reachable through float rounding (p == q up to noise, then u*q > p by an ulp):
+        # Only reachable through float rounding (p == q up to noise, then u*q >= p by an ulp):
         # norm(max(0, p - q)) is then undefined and its limit is p itself.
         residual, total = target_probs[accepted], target_probs[accepted].sum()
     return Verdict(accepted, int(sample(residual / total, generator).item()))

@@ -22,6 +22,7 @@ The data directory defaults to ../shared/data next to the repository (DRAFTSMITH
 """
 from __future__ import annotations
 
+import difflib
 import gzip
 import json
 import os
@@ -31,6 +32,7 @@ from typing import Callable
 
 import torch
 
+from draftsmith.errors import UnknownNameError
 from draftsmith.registry import Registry
 
 WORKLOADS: Registry[Callable[[Path], list[dict]]] = Registry("workload")
@@ -131,9 +133,15 @@ def _long_context(data_dir: Path) -> list[dict]:
             items.append({"id": f"long_context-{q['id']}-{chars}", "prompt": prefix + q["prompt"],
                           "category": f"prefix-{chars}"})
     return items
+def _need_user_file(path: Path) -> Path:
+    if not path.is_file():
+        raise FileNotFoundError(f"jsonl:{path}: no such file; give the path of a JSONL prompt file "
+                                "(one JSON object a line with \"prompt\", \"messages\" or \"turns\")")
+    return path
 
 
 def _user_jsonl(path: Path) -> list[dict]:
+    _need_user_file(path)
     items = []
     for i, r in enumerate(_jsonl(path)):
         item = {"id": str(r.get("id", r.get("question_id", f"row-{i}")))}
@@ -153,10 +161,15 @@ def _user_jsonl(path: Path) -> list[dict]:
 def expand(names: list[str]) -> list[str]:
     """Workload names with groups (spec_bench) expanded; unknown names fail with a suggestion."""
     out: list[str] = []
+    known = sorted(set(WORKLOADS.names()) | set(GROUPS))
     for name in names:
+        if name not in known and not name.startswith("jsonl:"):
+            hint = difflib.get_close_matches(name, known, n=1)
+            tip = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise UnknownNameError(f"unknown workload {name!r}{tip}; known: {', '.join(known)}, jsonl:PATH")
+        if name.startswith("jsonl:"):
+            _need_user_file(Path(name.split(":", 1)[1]))  # fail before the target loads
         for concrete in GROUPS.get(name, [name]):
-            if not concrete.startswith("jsonl:"):
-                WORKLOADS.get(concrete)  # raises "unknown workload ... did you mean"
             if concrete not in out:
                 out.append(concrete)
     return out

@@ -40,7 +40,7 @@ def main(args) -> int:
                         overwrite=args.overwrite, trust_remote_code=args.trust_remote_code)
     except (ExportValidationError, FileExistsError, FileNotFoundError, ValueError) as exc:
         print(f"draftsmith export: {exc}", file=sys.stderr)
-        return 1
+        return 2
     state = f"validated: {result.report.get('round_trip')}" if result.report else "NOT validated (--no-validate)"
     print(f"exported {args.checkpoint} -> {result.out_dir} ({args.to}; {state})")
     print("serve it with:")

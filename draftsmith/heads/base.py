@@ -12,8 +12,9 @@ Position j of every feature is computed from tokens <= j, so it predicts token j
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
-from typing import ClassVar, Optional, Protocol
+from typing import Any, ClassVar, Optional, Protocol
 
 import torch
 from torch import nn
@@ -63,6 +64,30 @@ class Proposer(Protocol):
 
     def propose(self, context: torch.Tensor, k: int, sampling, generator: torch.Generator | None) -> Draft:
         """Propose k tokens following context. `sampling` is eval.sampling.SamplingParams."""
+
+
+_OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
+
+
+def range_problems(cfg: Any, rules: dict[str, str]) -> list[str]:
+    """Range checks of a drafter Config, one message per bad option, for `config.load` / `validate`.
+
+    rules: option -> "OP NUMBER" conditions joined by " and ", e.g. {"ttt_steps": ">= 1",
+    "lora_dropout": ">= 0 and < 1"}. None values (an optional option left unset) pass; list
+    values are checked item by item.
+    """
+    problems = []
+    for name, rule in rules.items():
+        value = getattr(cfg, name)
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if v is None or not isinstance(v, (int, float)) or isinstance(v, bool):
+                continue
+            ok = all(_OPS[op](v, float(num)) for op, num in (cond.split() for cond in rule.split(" and ")))
+            if not ok:
+                problems.append(f"drafter.{name}: must be {rule}, got {value!r}")
+                break
+    return problems
 
 
 class Drafter(nn.Module):

@@ -29,7 +29,7 @@ import torch
 
 from draftsmith.eval.sampling import SamplingParams, logits_to_probs, sample
 from draftsmith.heads import DRAFTERS, divergences
-from draftsmith.heads.base import Drafter, StepOutput
+from draftsmith.heads.base import Drafter, StepOutput, range_problems
 
 LORA_KEYS = {"r", "alpha", "dropout", "target_modules"}
 LLAMA_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -73,22 +73,19 @@ class DraftLMDrafter(Drafter):
         # LoRA through peft: {r, alpha, dropout, target_modules}; null: full fine-tuning.
         lora: Optional[dict[str, Any]] = None
 
+        def problems(self) -> list[str]:
+            """Ranges `config.load` and `draftsmith validate` report (checks that need several
+            options together stay in __post_init__)."""
+            return range_problems(self, {"shrink_layers": ">= 1", "jsd_beta": "> 0 and < 1", "temperature": "> 0",
+                                         "on_policy_fraction": ">= 0 and <= 1", "on_policy_max_new_tokens": ">= 1",
+                                         "on_policy_prompt_tokens": ">= 1", "on_policy_temperature": ">= 0"})
+
         def __post_init__(self):
             divergences.parse_weights(self.divergence)
-            if not 0.0 < self.jsd_beta < 1.0:
-                raise ValueError(f"drafter.jsd_beta must lie strictly between 0 and 1, got {self.jsd_beta}")
-            if self.temperature <= 0:
-                raise ValueError(f"drafter.temperature must be > 0, got {self.temperature}")
-            if not 0.0 <= self.on_policy_fraction <= 1.0:
-                raise ValueError(f"drafter.on_policy_fraction must lie in [0, 1], got {self.on_policy_fraction}")
-            if self.on_policy_max_new_tokens < 1 or self.on_policy_prompt_tokens < 1:
-                raise ValueError("drafter.on_policy_max_new_tokens and on_policy_prompt_tokens must be >= 1")
             if self.init == "pretrained" and not self.path:
                 raise ValueError("drafter.path: required with init: pretrained (a local dir or HF id)")
             if self.init == "config" and not self.model_config:
                 raise ValueError("drafter.model_config: required with init: config (a dict of LlamaConfig sizes)")
-            if self.init == "shrink" and self.shrink_layers < 1:
-                raise ValueError(f"drafter.shrink_layers must be >= 1, got {self.shrink_layers}")
             if self.lora is not None:
                 unknown = set(self.lora) - LORA_KEYS
                 if unknown:

@@ -27,7 +27,7 @@ from torch import nn
 
 from draftsmith.eval.sampling import logits_to_probs, sample
 from draftsmith.heads import DRAFTERS
-from draftsmith.heads.base import Draft, Drafter, StepOutput
+from draftsmith.heads.base import Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, rotary
 
 
@@ -49,6 +49,15 @@ class Eagle1Drafter(Drafter):
         num_heads: Optional[int] = None
         num_kv_heads: Optional[int] = None
         intermediate_size: Optional[int] = None
+
+        def problems(self) -> list[str]:
+            """Ranges `config.load` and `draftsmith validate` report (one message per bad option)."""
+            out = range_problems(self, {"regression_weight": ">= 0", "classification_weight": ">= 0",
+                                        "noise_range": ">= 0", "num_heads": ">= 1", "num_kv_heads": ">= 1",
+                                        "intermediate_size": ">= 1"})
+            if not out and self.regression_weight + self.classification_weight <= 0:
+                out.append("drafter.regression_weight, classification_weight: at least one must be > 0")
+            return out
 
     def __init__(self, cfg: "Eagle1Drafter.Config", layer_config, embed_tokens: nn.Embedding, lm_head: nn.Module):
         super().__init__()

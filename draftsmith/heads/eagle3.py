@@ -29,7 +29,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from draftsmith.eval.sampling import logits_to_probs, sample
 from draftsmith.heads import DRAFTERS
-from draftsmith.heads.base import Draft, Drafter, StepOutput
+from draftsmith.heads.base import Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, rotary
 from draftsmith.target import default_aux_layer_ids
 
@@ -96,6 +96,15 @@ class Eagle3Drafter(Drafter):
                 out.append(f"drafter.feature_noise must be >= 0, got {self.feature_noise}")
             if self.freeze_lm_head and self.lm_head_init != "target":
                 out.append("drafter.freeze_lm_head needs drafter.lm_head_init=target (a frozen random head learns nothing)")
+            return out
+
+        def problems(self) -> list[str]:
+            """Ranges `config.load` and `draftsmith validate` report (one message per bad option)."""
+            out = range_problems(self, {"ttt_steps": ">= 1", "step_decay": "> 0", "draft_vocab_size": ">= 1",
+                                        "num_heads": ">= 1", "num_kv_heads": ">= 1", "intermediate_size": ">= 1",
+                                        "aux_layer_ids": ">= 0"})
+            if self.aux_layer_ids is not None and not self.aux_layer_ids:
+                out.append("drafter.aux_layer_ids: give at least one target layer id (or null for low/mid/high)")
             return out
 
     def __init__(self, cfg: "Eagle3Drafter.Config", layer_config, aux_layer_ids: list[int], draft_vocab_size: int,

@@ -35,7 +35,7 @@ from torch import nn
 
 from draftsmith.eval.sampling import logits_to_probs, sample
 from draftsmith.heads import DRAFTERS
-from draftsmith.heads.base import Draft, Drafter, StepOutput
+from draftsmith.heads.base import Draft, Drafter, StepOutput, range_problems
 
 
 class ResidualBlock(nn.Module):
@@ -89,6 +89,16 @@ class MedusaDrafter(Drafter):
         lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
         # Weight of KL(frozen target || adapted target) on next-token distributions (keeps the backbone's quality).
         lora_kl_weight: float = 1.0
+
+        def problems(self) -> list[str]:
+            """Ranges `config.load` and `draftsmith validate` report (one message per bad option)."""
+            out = range_problems(self, {"num_heads": ">= 1", "num_layers": ">= 0", "head_decay": "> 0",
+                                        "head_weights": ">= 0", "lora_r": ">= 1", "lora_alpha": ">= 1",
+                                        "lora_dropout": ">= 0 and < 1", "lora_kl_weight": ">= 0"})
+            if self.head_weights is not None and len(self.head_weights) != self.num_heads:
+                out.append(f"drafter.head_weights: has {len(self.head_weights)} entries; give one per head "
+                           f"(drafter.num_heads = {self.num_heads})")
+            return out
 
     def __init__(self, cfg: "MedusaDrafter.Config", hidden_size: int, vocab_size: int):
         super().__init__()

@@ -30,7 +30,7 @@ from torch import nn
 
 from draftsmith.eval.sampling import logits_to_probs, sample
 from draftsmith.heads import DRAFTERS
-from draftsmith.heads.base import Draft, Drafter, StepOutput
+from draftsmith.heads.base import Draft, Drafter, StepOutput, range_problems
 
 
 class SpeculatorNorm(nn.Module):
@@ -69,6 +69,13 @@ class MLPSpeculatorDrafter(Drafter):
         labels: Literal["target_greedy", "data"] = "target_greedy"
         # Loss weight of stage i is stage_decay ** i (the paper weighs stages equally: 1.0).
         stage_decay: float = 1.0
+
+        def problems(self) -> list[str]:
+            """Ranges `config.load` and `draftsmith validate` report (one message per bad option)."""
+            out = range_problems(self, {"n_predict": ">= 1", "inner_dim": ">= 1", "stage_decay": "> 0"})
+            if self.tie_weights and self.n_predict == 1:
+                out.append("drafter.n_predict: must be >= 2 with drafter.tie_weights: true, got 1")
+            return out
 
     def __init__(self, cfg: "MLPSpeculatorDrafter.Config", hidden_size: int, vocab_size: int):
         super().__init__()

@@ -20,7 +20,7 @@ from pathlib import Path
 from draftsmith.report import html as H
 from draftsmith.report import markdown as M
 from draftsmith.report import plots
-from draftsmith.report.leaderboard import ModelTable, Row, build_rows, group_by_target, model_tables
+from draftsmith.report.leaderboard import ModelTable, Row, build_rows, group_by_target, group_rows, model_tables
 from draftsmith.report.results_io import IncompatibleResultsError, Result, load_results
 
 
@@ -120,13 +120,17 @@ def render_html(out: LeaderboardOutput, results: list[Result]) -> str:
     src = H.relative_src(out.out_dir)
     r0 = results[0]
     parts = [f"<p class=\"meta\">{len(results)} result files, {len(out.rows)} rows; definitions "
-             f"<code>{H.e(r0.definitions)}</code>, schema_version {r0.schema_version}. Within a target and "
-             "workload rows are ordered by acceptance length (desc), then acceptance rate (desc). Speed is ranked "
-             "only within one hardware; click a header to sort (speed columns sort within hardware).</p>",
+             f"<code>{H.e(r0.definitions)}</code>, schema_version {r0.schema_version}. Runs are ranked only "
+             "within a group: the same target, workload, k (or tree budget), temperature and sampling, verification "
+             "rule, max_new_tokens and prompt set (the heading of each table). Within a group rows are ordered by "
+             "acceptance length τ (pooled: Σ committed / Σ rounds, desc), then acceptance rate (desc). Speed is "
+             "ranked only within one hardware; click a header to sort (speed columns sort within hardware).</p>",
              H.notes_box(out.skipped, "Skipped malformed result files"), H.notes_box(out.notes, "Notes")]
     for i, s in enumerate(out.sections):
         parts.append(f"<h2 id=\"target-{slug(s.target)}\">Target: {H.e(s.target)}</h2>")
-        parts.append(H.leaderboard_table(s.rows, src, f"lb-{i}"))
+        for j, grows in enumerate(group_rows(s.rows).values()):
+            parts.append(f"<h3 class=\"group\">Group: {H.e(grows[0].group)}</h3>")
+            parts.append(H.leaderboard_table(grows, src, f"lb-{i}-{j}"))
         parts.append(H.images(s.plots, src))
         for hw, (pics, tables) in s.by_hardware.items():
             if not pics and not tables:
@@ -146,13 +150,17 @@ def render_markdown(out: LeaderboardOutput, results: list[Result]) -> str:
     r0 = results[0]
     parts = ["# draftsmith acceptance leaderboard", "",
              f"{len(results)} result files, {len(out.rows)} rows; definitions `{r0.definitions}`, schema_version "
-             f"{r0.schema_version}. Within a target and workload: acceptance length desc, then acceptance rate desc. "
+             f"{r0.schema_version}. Runs are ranked only within a group: the same target, workload, k (or tree "
+             "budget), temperature and sampling, verification rule, max_new_tokens and prompt set. Within a group: "
+             "acceptance length τ (pooled: Σ committed / Σ rounds) desc, then acceptance rate desc. "
              "Speed is ranked only within one hardware. Interactive version: [index.html](index.html).", ""]
     for heading, items in (("Skipped malformed result files", out.skipped), ("Notes", out.notes)):
         if items:
             parts += [f"**{heading}:**", ""] + [f"- {M.cell(n)}" for n in items] + [""]
     for s in out.sections:
-        parts += [f"## Target: {s.target}", "", M.leaderboard_table(s.rows, out.out_dir), ""]
+        parts += [f"## Target: {s.target}", ""]
+        for grows in group_rows(s.rows).values():
+            parts += [f"### Group: {M.cell(grows[0].group)}", "", M.leaderboard_table(grows, out.out_dir), ""]
         parts += [M.image(p, out.out_dir) for p in s.plots] + [""]
         for hw, (pics, tables) in s.by_hardware.items():
             if not pics and not tables:
@@ -181,6 +189,10 @@ def build_leaderboard(paths: list[str | Path], out_dir: str | Path, training_log
     plot_dir.mkdir(parents=True, exist_ok=True)
     rows = build_rows(results)
     tables, notes = model_tables(rows, k_max)
+    notes += [f"{r.source} [{r.workload}]: τ is the {r.tau_source} (the file has no acceptance_length.pooled)"
+              for r in rows if r.tau_source != "pooled"]
+    notes += [f"{t.drafter} on {t.workload} ({t.hardware}): {t.flags[k]} — prediction outside the measured spread"
+              for t in tables for k in sorted(t.flags)]
     sections = build_sections(rows, tables, plot_dir)
     train_pics, train_notes = training_plots(results, list(training_logs), plot_dir)
     out = LeaderboardOutput(out_dir, out_dir / "index.html", out_dir / "README.md", out_dir / "rows.json", rows,

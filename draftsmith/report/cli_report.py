@@ -44,7 +44,10 @@ def terminal_text(result: Result, rows: list[Row], tables: list[ModelTable]) -> 
                              f"{'~' if p.verify_cost_source != 'measured' else ''}" for p in t.predictions)
             lines.append(f"  {t.workload:<{width}}  best k={t.best.k} ({t.best.speedup:.2f}x predicted); "
                          f"at k={t.basis.k}: predicted {at_k.speedup:.2f}x / measured {m.fmt('speedup')}, "
-                         f"E[tau] {at_k.expected_tau:.2f} / tau {m.acceptance_length:.2f}")
+                         f"E[tau] {at_k.expected_tau:.2f} / tau {m.acceptance_length:.2f}"
+                         f"{'  DISAGREE: outside the measured p10-p90' if at_k.k in t.flags else ''}")
+            if t.best.k in t.flags:
+                lines.append(f"  {'':<{width}}  {t.recommendation()}")
             lines.append(f"  {'':<{width}}  {preds}")
     return "\n".join(lines)
 

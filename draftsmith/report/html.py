@@ -92,7 +92,7 @@ def leaderboard_table(rows: list[Row], link: Callable[[Path], str], table_id: st
     head += [f"<th data-col=\"{key}\" data-type=\"num\" data-speed=\"{int(speed)}\">{e(name)}</th>"
              for key, name, _fmt, speed in METRIC_COLUMNS]
     head += ["<th data-col=\"speed_rank\" data-type=\"num\" data-speed=\"1\" title=\"rank by speedup within the "
-             "same target, workload and hardware\">speed rank†</th>", "<th>result / command</th>"]
+             "same group and hardware\">speed rank†</th>", "<th>result / command</th>"]
     body = []
     for pos, row in enumerate(rows, 1):
         cells = [f"<td class=\"num\" data-v=\"{e(pos)}\">{e(pos)}</td>"]
@@ -112,7 +112,7 @@ def leaderboard_table(rows: list[Row], link: Callable[[Path], str], table_id: st
         body.append(f"<tr data-row=\"{key_attr}\" data-hardware=\"{e(row.hardware)}\">{''.join(cells)}</tr>")
     return (f"<div class=\"scroll\"><table class=\"sortable leaderboard\" id=\"{e(table_id)}\"><thead><tr>"
             f"{''.join(head)}</tr></thead><tbody>\n" + "\n".join(body) + "\n</tbody></table></div>"
-            "<p class=\"meta\">† speed rank: by median speedup among rows of the same target, workload and hardware "
+            "<p class=\"meta\">† speed rank: by median speedup among rows of the same group and hardware "
             "(never across machines). Speed columns sort within hardware.</p>")
 
 
@@ -120,7 +120,7 @@ def model_table_html(t: ModelTable) -> str:
     """Predicted vs measured at every k for one setting; the recommended k is highlighted."""
     c = t.costs
     head = ("<tr><th>k</th><th>E[τ] predicted</th><th>τ measured</th><th>speedup predicted</th>"
-            "<th>speedup measured</th><th>verify cost</th><th>note</th></tr>")
+            "<th>speedup measured</th><th>verify cost</th><th>note</th><th>predicted vs measured</th></tr>")
     lines = []
     for p in t.predictions:
         m = t.measured.get(p.k)
@@ -130,13 +130,13 @@ def model_table_html(t: ModelTable) -> str:
         cls = " class=\"best\"" if p.k == t.best.k else ""
         lines.append(f"<tr{cls}><td class=\"num\">{e(p.k)}</td><td class=\"num\">{p.expected_tau:.2f}</td>"
                      f"<td class=\"num\">{e(tau_m)}</td><td class=\"num\">{p.speedup:.2f}×</td><td class=\"num\">"
-                     f"{e(sp_m)}</td><td>{e(p.verify_cost_source)}</td><td>{e(note)}</td></tr>")
+                     f"{e(sp_m)}</td><td>{e(p.verify_cost_source)}</td><td>{e(note)}</td>"
+                     f"<td>{'⚠ DISAGREE: ' + e(t.flags[p.k]) if p.k in t.flags else ''}</td></tr>")
     meta = (f"basis: {e(Path(t.basis.source).name)} (k={e(t.basis.k)}, acceptance from "
             f"{e(t.basis.model_acceptance_source)}); draft step {c.draft_step_s * 1e3:.3f} ms, "
             f"verify forward (width {e(c.verify_width)}) {c.verify_forward_s * 1e3:.3f} ms, target step "
             f"{c.target_step_s * 1e3:.3f} ms, overhead/round {c.overhead_per_round_s * 1e3:.3f} ms "
-            f"({e(c.overhead_source)}). <b>Recommended k = {e(t.best.k)}</b> (predicted {t.best.speedup:.2f}×"
-            f"{', extrapolated' if t.best.extrapolated else ''}).")
+            f"({e(c.overhead_source)}). <b>{e(t.recommendation())}</b>")
     title = f"{t.drafter} — {t.workload} — {t.hardware}, T={t.temperature:g}"
     return (f"<h4>{e(title)}</h4><p class=\"meta\">{meta}</p>"
             f"<table class=\"model\"><thead>{head}</thead><tbody>{''.join(lines)}</tbody></table>")

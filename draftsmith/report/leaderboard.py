@@ -1,15 +1,26 @@
-"""Leaderboard rows from validated results, their order, and the speedup-model tables.
+"""Leaderboard rows from validated results, their comparison groups, their order, and the
+speedup-model tables.
 
+Groups: runs are ranked only against runs they can be compared with, those that share the
+target, workload, k (or tree budget), temperature and the rest of the sampling transform,
+verification rule, max_new_tokens and prompt set (`group_key`). Each group is shown as its own
+table with its shared settings as the heading.
 Order rule (explicit, used by the HTML page, README.md and rows.json alike):
-  targets by name; within a target, workloads by name; within (target, workload):
-  acceptance length desc, acceptance rate desc, then drafter, k, temperature, hardware, file
-  (ascending) so that the order is total and repeatable.
+  targets by name; within a target, workloads by name; then groups by k, temperature,
+  verification, max_new_tokens, prompt set; within a group: acceptance length (pooled tau)
+  desc, acceptance rate desc, then drafter, hardware, file (ascending) so that the order is
+  total and repeatable. `rank` is the position within the group.
 Acceptance may be compared across hardware. Speed is not: `speed_rank` ranks speedup median
-only among rows of the same (target, workload, hardware), and the page's sort on a speed
-column sorts within hardware first.
+only among rows of the same group and hardware, and the page's sort on a speed column sorts
+within hardware first.
+The headline tau is pooled (sum of committed tokens / sum of rounds over the workload), the
+quantity the speedup model predicts; results written before `acceptance_length.pooled`
+existed get it from their requests, else their mean over requests (`tau_source` says which).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -22,6 +33,7 @@ METRIC_COLUMNS = (
     ("acceptance_length", "acc. length τ", "{:.2f}", False),
     ("acceptance_rate", "acc. rate α", "{:.1%}", False),
     ("speedup", "speedup", "{:.2f}×", True),
+    ("tpot_speedup", "TPOT speedup", "{:.2f}×", True),
     ("tokens_per_s", "tokens/s", "{:.1f}", True),
     ("ttft_s", "TTFT ms", "ms", True),
     ("tpot_s", "TPOT ms", "ms", True),
@@ -55,6 +67,14 @@ class Row:
     speedup_p10: float | None = None
     speedup_p90: float | None = None
     target_tokens_per_s: float | None = None
+    tpot_speedup: float | None = None  # decode only: target TPOT / speculative TPOT
+    verification: str = "greedy"
+    max_new_tokens: int | None = None
+    sampling: tuple = (0, 1.0)  # (top_k, top_p)
+    tree_budget: int | None = None
+    prompt_set: str = ""  # "N prompts #hash of their ids"
+    tau_source: str = "pooled"  # pooled | pooled from requests | mean over requests (old result)
+    rank: int | None = None  # position within its group (group_key)
     speed_rank: int | None = None
     # acceptance the speedup model uses, and where it came from (see per_round_acceptance)
     model_acceptance: list[float] = field(default_factory=list)
@@ -64,6 +84,22 @@ class Row:
     @property
     def key(self) -> tuple:
         return (self.target, self.drafter_kind, self.drafter, self.workload, self.k, self.temperature, self.hardware)
+
+    @property
+    def group_key(self) -> tuple:
+        """Rows are ranked only against rows with the same group key."""
+        depth = ("tree", self.tree_budget) if self.tree_budget is not None else ("k", self.k)
+        return (self.target, self.workload, depth, self.temperature, self.sampling, self.verification,
+                self.max_new_tokens if self.max_new_tokens is not None else -1, self.prompt_set)
+
+    @property
+    def group(self) -> str:
+        """The group's shared settings, as its heading."""
+        depth = f"tree budget {self.tree_budget}" if self.tree_budget is not None else f"k={self.k}"
+        top_k, top_p = self.sampling
+        extra = (f" top_k={top_k}" if top_k else "") + (f" top_p={top_p:g}" if top_p != 1.0 else "")
+        return (f"{self.workload} · {depth} · T={self.temperature:g}{extra} ({self.verification}) · "
+                f"max_new_tokens={'?' if self.max_new_tokens is None else self.max_new_tokens} · {self.prompt_set}")
 
     def fmt(self, column: str) -> str:
         """The display text of a metric column ('—' when the result did not measure it)."""
@@ -98,22 +134,49 @@ def rows_from_result(result: Result) -> list[Row]:
     rows = []
     for workload, wl in result.workloads.items():
         agg = wl["aggregate"]
+        tau, tau_source = pooled_tau(agg, wl.get("requests") or [])
+        rate = agg["acceptance_rate"]
         rows.append(Row(
             target=result.target_name, drafter_kind=result.drafter_kind, drafter=result.drafter_name,
             workload=workload, k=result.k, temperature=result.temperature, hardware=result.hardware,
-            acceptance_length=float(agg["acceptance_length"]["mean"]), acceptance_rate=float(agg["acceptance_rate"]),
+            acceptance_length=tau, acceptance_rate=math.nan if rate is None else float(rate),
             speedup=_num(agg, "speedup.median"), tokens_per_s=_num(agg, "spec_tokens_per_s.median"),
             ttft_s=_num(agg, "ttft_s.median"), tpot_s=_num(agg, "tpot_s.median"),
             latency_p90_s=_num(agg, "latency_s.p90"), memory_mb=_num(agg, "peak_memory_mb"),
             per_position=[math.nan if a is None else float(a) for a in agg["per_position_acceptance"]],
             source=str(result.path), command=result.command,
             speedup_p10=_num(agg, "speedup.p10"), speedup_p90=_num(agg, "speedup.p90"),
-            target_tokens_per_s=_num(agg, "target_tokens_per_s.median"), aggregate=agg))
+            target_tokens_per_s=_num(agg, "target_tokens_per_s.median"), tpot_speedup=_num(agg, "tpot_speedup.median"),
+            verification=result.verification, max_new_tokens=result.max_new_tokens, sampling=result.sampling,
+            tree_budget=result.tree_budget, prompt_set=prompt_set(wl), tau_source=tau_source, aggregate=agg))
         per_round = per_round_acceptance(wl.get("requests") or [], result.k)
         row = rows[-1]
         row.model_acceptance, row.model_acceptance_source = (
             (per_round, "requests, per round") if per_round is not None else (row.per_position, "aggregate"))
     return rows
+
+
+def pooled_tau(agg: dict, requests: list) -> tuple[float, str]:
+    """(tau, source): sum committed / sum rounds. From the aggregate's `pooled`; for older results
+    from the requests (each request's tau x its rounds); else the mean over requests, marked."""
+    pooled = _num(agg, "acceptance_length.pooled")
+    if pooled is not None:
+        return pooled, "pooled"
+    pairs = [(r.get("acceptance_length"), r.get("rounds")) for r in requests if isinstance(r, dict)]
+    if pairs and all(isinstance(t, (int, float)) and isinstance(n, int) for t, n in pairs):
+        rounds = sum(n for _t, n in pairs)
+        if rounds:
+            return sum(t * n for t, n in pairs if n) / rounds, "pooled from requests"
+    return float(agg["acceptance_length"]["mean"]), "mean over requests (old result)"
+
+
+def prompt_set(wl: dict) -> str:
+    """A short name for the prompts a workload ran: their count and a hash of their ids."""
+    ids = [r.get("id") for r in wl.get("requests") or [] if isinstance(r, dict)]
+    if ids and all(isinstance(i, str) for i in ids):
+        digest = hashlib.sha256(json.dumps(sorted(ids)).encode()).hexdigest()[:8]
+        return f"{len(ids)} prompts #{digest}"
+    return f"{wl.get('num_requests', '?')} prompts (ids not recorded)"
 
 
 def per_round_acceptance(requests: list[dict], k: int) -> list[float] | None:
@@ -140,23 +203,35 @@ def per_round_acceptance(requests: list[dict], k: int) -> list[float] | None:
 
 def order_key(row: Row) -> tuple:
     """The leaderboard order (see the module docstring)."""
-    return (row.target, row.workload, _desc(row.acceptance_length), _desc(row.acceptance_rate), row.drafter, row.k,
-            row.temperature, row.hardware, row.source)
+    return (*row.group_key, _desc(row.acceptance_length), _desc(row.acceptance_rate), row.drafter, row.hardware,
+            row.source)
 
 
 def build_rows(results: list[Result]) -> list[Row]:
-    """All rows of all results (none dropped, duplicates of a key kept), ordered, with speed ranks."""
+    """All rows of all results (none dropped, duplicates of a key kept), ordered, with ranks within
+    their group and speed ranks within (group, hardware)."""
     rows = sorted((row for r in results for row in rows_from_result(r)), key=order_key)
+    for group in group_rows(rows).values():
+        for i, row in enumerate(group, 1):
+            row.rank = i
     assign_speed_ranks(rows)
     return rows
 
 
+def group_rows(rows: list[Row]) -> dict[tuple, list[Row]]:
+    """Rows by comparison group (Row.group_key), groups and rows in the order given."""
+    out: dict[tuple, list[Row]] = {}
+    for row in rows:
+        out.setdefault(row.group_key, []).append(row)
+    return out
+
+
 def assign_speed_ranks(rows: list[Row]) -> None:
-    """speed_rank = 1 + number of rows with a higher speedup in the same (target, workload, hardware)."""
+    """speed_rank = 1 + number of rows with a higher speedup in the same group and hardware."""
     groups: dict[tuple, list[Row]] = {}
     for row in rows:
         if row.speedup is not None:
-            groups.setdefault((row.target, row.workload, row.hardware), []).append(row)
+            groups.setdefault((row.group_key, row.hardware), []).append(row)
     for group in groups.values():
         for row in group:
             row.speed_rank = 1 + sum(other.speedup > row.speedup for other in group)
@@ -184,16 +259,46 @@ class ModelTable:
     predictions: list[sm.Prediction]
     best: sm.Prediction
     measured: dict[int, Row]
+    # k -> why the prediction at k disagrees with the measurement at k (outside its p10-p90 spread)
+    flags: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def best_measured(self) -> Row | None:
+        """The measured row with the highest median speedup (None when no row measured speed)."""
+        rows = [r for r in self.measured.values() if r.speedup is not None]
+        return max(rows, key=lambda r: (r.speedup, -r.k)) if rows else None
+
+    def recommendation(self) -> str:
+        """One sentence: the model's best k, and what was measured there when they disagree."""
+        b = self.best
+        text = f"Recommended k = {b.k} (predicted {b.speedup:.2f}×{', extrapolated' if b.extrapolated else ''})"
+        if b.k in self.flags:
+            m = self.best_measured
+            text += (f" — but {self.flags[b.k]}: the model does not hold for this setting; trust the measured "
+                     f"speedup" + (f" (best measured: k = {m.k} at {m.speedup:.2f}×)" if m else ""))
+        return text + "."
+
+
+def disagreement(pred: sm.Prediction, row: Row | None) -> str | None:
+    """Why a predicted speedup disagrees with the measured one at the same k: it lies outside the
+    measured spread over prompts (p10-p90). None when they agree, or nothing to compare."""
+    if row is None or row.speedup is None or row.speedup_p10 is None or row.speedup_p90 is None:
+        return None
+    if row.speedup_p10 <= pred.speedup <= row.speedup_p90:
+        return None
+    return (f"measured {row.speedup:.2f}× (p10–p90 {row.speedup_p10:.2f}–{row.speedup_p90:.2f}×) at k = {pred.k}, "
+            f"predicted {pred.speedup:.2f}×")
 
 
 def model_tables(rows: list[Row], k_max: int = 8) -> tuple[list[ModelTable], list[str]]:
     """Speedup-model tables per setting, and notes for the settings that could not be modelled."""
     settings: dict[tuple, list[Row]] = {}
-    for row in rows:
-        settings.setdefault((row.target, row.drafter_kind, row.drafter, row.workload, row.temperature, row.hardware),
-                            []).append(row)
+    for row in rows:  # one setting: everything of the comparison group but k, plus drafter and hardware
+        settings.setdefault((row.target, row.drafter_kind, row.drafter, row.workload, row.temperature, row.hardware,
+                             row.sampling, row.verification, row.max_new_tokens or -1, row.prompt_set,
+                             row.tree_budget is not None), []).append(row)
     tables, notes = [], []
-    for (target, _kind, drafter, workload, temp, hw), group in sorted(settings.items()):
+    for (target, _kind, drafter, workload, temp, hw, *_same), group in sorted(settings.items(), key=lambda kv: kv[0]):
         basis = max(group, key=lambda r: (r.k, r.source))
         costs = sm.costs_from_aggregate(basis.aggregate, basis.k, where=basis.source)
         if costs is None or basis.k == 0:
@@ -205,7 +310,9 @@ def model_tables(rows: list[Row], k_max: int = 8) -> tuple[list[ModelTable], lis
         measured = {}
         for row in sorted(group, key=lambda r: r.source):
             measured.setdefault(row.k, row)
-        tables.append(ModelTable(target, drafter, workload, temp, hw, basis, costs, preds, sm.best_k(preds), measured))
+        flags = {p.k: f for p in preds if (f := disagreement(p, measured.get(p.k))) is not None}
+        tables.append(ModelTable(target, drafter, workload, temp, hw, basis, costs, preds, sm.best_k(preds), measured,
+                                 flags))
     return tables, notes
 
 

@@ -34,17 +34,17 @@ def model_table(t: ModelTable) -> str:
     lines = [f"#### {t.drafter} — {t.workload} — {cell(t.hardware)}, T={t.temperature:g}",
              "",
              f"Basis k={t.basis.k} ({Path(t.basis.source).name}, acceptance from {t.basis.model_acceptance_source}); overhead per round: {t.costs.overhead_source}. "
-             f"**Recommended k = {t.best.k}** (predicted {t.best.speedup:.2f}×"
-             f"{', extrapolated' if t.best.extrapolated else ''}).",
+             f"**{t.recommendation()}**",
              "",
-             "| k | E[τ] predicted | τ measured | speedup predicted | speedup measured | verify cost | note |",
-             "|---|---|---|---|---|---|---|"]
+             "| k | E[τ] predicted | τ measured | speedup predicted | speedup measured | verify cost | note | predicted vs measured |",
+             "|---|---|---|---|---|---|---|---|"]
     for p in t.predictions:
         m = t.measured.get(p.k)
         mark = "**" if p.k == t.best.k else ""
         lines.append(f"| {mark}{p.k}{mark} | {p.expected_tau:.2f} | {f'{m.acceptance_length:.2f}' if m else ''} | "
                      f"{p.speedup:.2f}× | {m.fmt('speedup') if m else ''} | {p.verify_cost_source} | "
-                     f"{'extrapolated a_i' if p.extrapolated else ''} |")
+                     f"{'extrapolated a_i' if p.extrapolated else ''} | "
+                     f"{cell('⚠ DISAGREE: ' + t.flags[p.k]) if p.k in t.flags else ''} |")
     return "\n".join(lines)
 
 

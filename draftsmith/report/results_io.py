@@ -60,6 +60,29 @@ class Result:
         return float(self.data["config"]["temperature"])
 
     @property
+    def verification(self) -> str:
+        """The verification rule (results before the field existed: greedy iff temperature is 0)."""
+        return str(self.data["config"].get("verification") or ("greedy" if self.temperature == 0 else "stochastic"))
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        value = self.data["config"].get("max_new_tokens")
+        return int(value) if isinstance(value, int) else None
+
+    @property
+    def sampling(self) -> tuple:
+        """(top_k, top_p): the rest of the sampling transform besides the temperature."""
+        cfg = self.data["config"]
+        top_k, top_p = cfg.get("top_k"), cfg.get("top_p")
+        return (int(top_k) if isinstance(top_k, (int, float)) else 0, float(top_p) if isinstance(top_p, (int, float)) else 1.0)
+
+    @property
+    def tree_budget(self) -> int | None:
+        """Draft-tree size for tree decoding (config.tree_budget); None for chain drafting (k)."""
+        value = self.data["config"].get("tree_budget")
+        return int(value) if isinstance(value, int) else None
+
+    @property
     def target_name(self) -> str:
         return self.data["target"]["name"]
 
@@ -116,8 +139,8 @@ def _get(obj: dict, dotted: str, types: tuple, where: str, optional: bool = Fals
 
 NUM = (int, float)
 # aggregate keys every row needs (acceptance), then keys shown when present (speed, memory).
-_REQUIRED_AGG = ("acceptance_length.mean", "acceptance_rate")
-_OPTIONAL_AGG = ("speedup.median", "speedup.p10", "speedup.p90", "spec_tokens_per_s.median",
+_REQUIRED_AGG = ("acceptance_length.mean",)
+_OPTIONAL_AGG = ("acceptance_length.pooled", "tpot_speedup.median", "new_tokens", "rounds", "speedup.median", "speedup.p10", "speedup.p90", "spec_tokens_per_s.median",
                  "target_tokens_per_s.median", "ttft_s.median", "tpot_s.median", "latency_s.p90",
                  "peak_memory_mb", "costs.draft_step_s", "costs.verify_forward_s", "costs.target_step_s",
                  "time_split.draft", "time_split.verify", "time_split.overhead")
@@ -150,6 +173,9 @@ def validate(data: Any, where: str) -> dict[str, dict[str, Any]]:
         agg = _get(wl if isinstance(wl, dict) else {}, "aggregate", (dict,), at)
         for key in _REQUIRED_AGG:
             _get(agg, key, NUM, at)
+        if "acceptance_rate" not in agg:  # null: nothing was proposed (k = 0, or no n-gram match)
+            raise MalformedResultError(f"{at}: missing key 'acceptance_rate' (see docs/results-schema.md)")
+        _get(agg, "acceptance_rate", NUM, at, optional=True)
         for key in _OPTIONAL_AGG:
             _get(agg, key, NUM, at, optional=True)
         ppa = _get(agg, "per_position_acceptance", (list,), at)

@@ -295,3 +295,36 @@ def load_drafter(path: str | Path, device: str | None = None, target=None,
     drafter = DRAFTERS.get(meta["kind"]).from_target(options, target, None)
     load_weights(path, drafter)
     return LoadedDrafter(drafter=drafter.eval(), target=target, config=cfg, meta=meta)
+
+
+def load_init_weights(path: str | Path, drafter, target) -> None:
+    """train.init_from: warm start `drafter` from a checkpoint directory (drafter.safetensors) or
+    from a draftsmith export directory (draftsmith.json + the engine's files), read back through
+    that format's own re-import (export/<format>.py load_back)."""
+    path = Path(path)
+    if (path / "drafter.safetensors").exists():
+        return load_weights(path, drafter)
+    sidecar_file = path / "draftsmith.json"
+    if not sidecar_file.exists():
+        raise FileNotFoundError(f"train.init_from={path}: neither a checkpoint (drafter.safetensors) nor a draftsmith "
+                                "export (draftsmith.json); give runs/NAME/final or a `draftsmith export` --out directory")
+    from draftsmith.export import EXPORTERS
+
+    sidecar = json.loads(sidecar_file.read_text())
+    kind, fmt = sidecar.get("drafter_kind"), sidecar.get("format")
+    if kind != drafter.kind:
+        raise ValueError(f"train.init_from={path}: the export holds a {kind} drafter, this recipe trains "
+                         f"{drafter.kind}; warm start from an export of the same kind")
+    exported = config_mod.from_dict(sidecar.get("recipe") or {}, str(sidecar_file))
+    loaded = LoadedDrafter(drafter=drafter, target=target, config=exported, meta=sidecar.get("checkpoint_meta") or {})
+    back = EXPORTERS.get(fmt)().load_back(path, loaded)  # a drafter of this kind (hf: a plain HF model wrapper)
+    state = back.state_dict()
+    if kind == "draft_lm":  # the hf format holds the bare HF model; the drafter keeps it as `model`
+        if getattr(drafter.cfg, "lora", None) is not None:
+            raise ValueError(f"train.init_from={path}: an hf export holds merged weights; warm start a LoRA draft LM "
+                             "from its checkpoint directory instead")
+        state = {f"model.{k}": v for k, v in state.items()}
+    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"train.init_from={path} does not fit this drafter: missing {sorted(missing)}, "
+                         f"unexpected {sorted(unexpected)}; export and recipe must use the same drafter options")

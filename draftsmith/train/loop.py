@@ -158,7 +158,7 @@ class Trainer:
         self.train_set, self.heldout, counts = load_data(cfg, self.target, drafter_cls, options, self.ctx, api_key_env)
         self.drafter = drafter_cls.from_target(options, self.target, counts)
         if tc.init_from:
-            checkpoint.load_weights(Path(tc.init_from), self.drafter)
+            checkpoint.load_init_weights(Path(tc.init_from), self.drafter, self.target)  # checkpoint or export dir
         self.required = set(self.drafter.required_features)
         self.layers = self.drafter.feature_layers()
         from draftsmith.data import BatchStream

@@ -104,13 +104,30 @@ def test_stochastic_first_token_on_stories(stories_target, prompts):
     assert chi_square_pvalue(torch.bincount(sample(q.expand(n, -1), gen), minlength=p.numel()), p) < 1e-6
 
 
-def test_stochastic_loop_runs_and_stops(stories_target, prompts):
-    proposer = _make("draft_lm_2layer", stories_target)
-    gen = torch.Generator().manual_seed(0)
+def _in_target_top_k(target, prompt, tokens, top_k) -> list[bool]:
+    """Whether each generated token lies in the target's top-k at its position (p's support)."""
+    full = torch.cat([prompt, torch.tensor(tokens)])
+    logits = target.forward(full[None]).logits[0]  # [n, V]
+    top = torch.topk(logits[prompt.shape[0] - 1: -1], top_k, dim=-1).indices  # [new, top_k]
+    return [tok in row.tolist() for tok, row in zip(tokens, top)]
+
+
+@pytest.mark.parametrize("kind", ["draft_lm_same", "draft_lm_2layer"])
+def test_stochastic_loop_stays_in_the_support_of_p(stories_target, prompts, kind):
+    """T = 1, top-k 20: every committed token (accepted draft, correction or bonus) lies in the
+    target's top-20, where p > 0; a drafter identical to the target is never rejected (p/q = 1)."""
+    proposer = _make(kind, stories_target)
     cfg = LoopConfig(k=3, max_new_tokens=MAX_NEW, sampling=SamplingParams(1.0, top_k=20))
-    g = generate(stories_target, proposer, prompts[0], cfg, gen)
-    assert (g.stop == "length" and len(g.tokens) == MAX_NEW) or (g.stop == "eos" and g.tokens[-1] in (1, 2))
-    assert 0 < sum(r.accepted for r in g.rounds) < sum(r.proposed for r in g.rounds)
+    accepted = proposed = 0
+    for seed, ids in enumerate(prompts):
+        g = generate(stories_target, proposer, ids, cfg, torch.Generator().manual_seed(seed))
+        assert all(_in_target_top_k(stories_target, ids, g.tokens, 20)), f"{kind}: a token outside p's support"
+        accepted += sum(r.accepted for r in g.rounds)
+        proposed += sum(r.proposed for r in g.rounds)
+    if kind == "draft_lm_same":
+        assert accepted == proposed > 0
+    else:
+        assert 0 < accepted < proposed
 
 
 @pytest.mark.parametrize("kind", ["draft_lm_2layer", "eagle3"])

@@ -122,6 +122,6 @@ def test_cli_prints_serving_command(eagle3_ckpt, tmp_path, capsys):
     assert main(["export", str(eagle3_ckpt), "--to", "vllm", "--out", str(tmp_path / "v")]) == 0
     out = capsys.readouterr().out
     assert "vllm serve" in out and "validated" in out
-    assert main(["export", str(eagle3_ckpt), "--to", "vllm", "--out", str(tmp_path / "v")]) == 1  # not empty
-    assert main(["export", str(eagle3_ckpt), "--to", "hf", "--out", str(tmp_path / "h")]) == 1  # wrong kind
+    assert main(["export", str(eagle3_ckpt), "--to", "vllm", "--out", str(tmp_path / "v")]) == 2  # not empty
+    assert main(["export", str(eagle3_ckpt), "--to", "hf", "--out", str(tmp_path / "h")]) == 2  # wrong kind
     assert not (tmp_path / "h").exists()

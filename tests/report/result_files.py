@@ -12,7 +12,7 @@ def workload(tau: float, per_position: list[float], speedup: float | None = 1.2,
              costs: dict | None = None, time_split: dict | None = None) -> dict:
     """One workload entry; speed numbers are derived from `speedup` so that rows differ predictably."""
     agg = {
-        "acceptance_length": {"mean": tau, "median": tau, "p10": tau - 0.3, "p90": tau + 0.3},
+        "acceptance_length": {"pooled": tau, "mean": tau, "median": tau, "p10": tau - 0.3, "p90": tau + 0.3},
         "acceptance_rate": alpha if alpha is not None else (tau - 1) / len(per_position),
         "per_position_acceptance": per_position,
         "target_tokens_per_s": {"median": 100.0, "p90": 110.0},

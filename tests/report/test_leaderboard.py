@@ -55,7 +55,8 @@ def test_build_writes_page_readme_plots_and_model(three_results, tmp_path):
                                          "acc_1": s / 40, "tokens_per_s": 1000.0, "grad_norm": 1.0})
                              for s in range(10)), encoding="utf-8")
     out = build_leaderboard(three_results, tmp_path / "lb", training_logs=[str(log)], k_max=6)
-    assert out.skipped == [] and out.notes == []
+    # the fixtures' costs do not fit their measured speedups: every such k is flagged, nothing else noted
+    assert out.skipped == [] and all("prediction outside the measured spread" in n for n in out.notes)
     html = out.index_html.read_text(encoding="utf-8")
     assert "http://" not in html and "https://" not in html  # works offline: nothing fetched
     assert html.count("<tr data-row=") == 5

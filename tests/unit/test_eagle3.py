@@ -1,5 +1,5 @@
-"""EAGLE-3: the TTT loss against a hand-written per-position reference, and training-time
-attention equal to what the cached proposer computes at inference."""
+"""EAGLE-3: the TTT loss against a hand-written per-position reference; Eagle3Proposer's drafts
+equal the training unroll; propose -> commit -> propose rolls the speculative chain back."""
 from __future__ import annotations
 
 import math
@@ -9,6 +9,7 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from draftsmith import features
+from draftsmith.eval.sampling import SamplingParams
 from draftsmith.heads.eagle3 import Eagle3Drafter
 from draftsmith.target import TargetOutput
 from draftsmith.testing import tiny_target
@@ -169,32 +170,76 @@ def test_loss_is_differentiable_and_target_untouched():
     assert all(torch.equal(before[k], v) for k, v in target.model.state_dict().items())
 
 
-def test_inference_chain_equals_training_unroll():
-    """Teacher-forced chain drafting through the KV cache gives the TTT unroll's logits."""
-    target, drafter = make(ttt_steps=3)
-    ids = torch.randint(3, target.vocab_size, (1, 10), generator=torch.Generator().manual_seed(3))
-    batch = features.complete(target, {"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                                       "loss_mask": torch.ones_like(ids)}, set(drafter.required_features),
-                              drafter.feature_layers())
-    j = 5  # chain starts after real pairs 0..j
+def _features(target, drafter, ids):
+    return features.complete(target, {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                                      "loss_mask": torch.ones_like(ids)}, set(drafter.required_features),
+                             drafter.feature_layers())
+
+
+def _begin(proposer, target, context, n_prompt):
+    """The loop's prefill: begin(prompt), then commit the prompt's target states (n_prompt positions)."""
+    proposer.begin(context[:n_prompt])
+    out = target.forward(context[None, :n_prompt])
+    proposer.commit(context, n_prompt, TargetOutput(out.logits, out.hidden_states))
+
+
+def _commit_round(proposer, target, context, num_new):
+    """The loop's commit after verification: the target's states at the num_new newest positions."""
+    out = target.forward(context[None, :-1])
+    proposer.commit(context, num_new, TargetOutput(out.logits[:, -num_new:],
+                                                   tuple(h[:, -num_new:] for h in out.hidden_states)))
+
+
+@pytest.mark.parametrize("draft_vocab_size", [None, 100])
+def test_proposer_equals_training_unroll(draft_vocab_size):
+    """Eagle3Proposer.propose (KV cache, its own positions) gives the TTT unroll's distributions when
+    the unroll is fed the tokens the proposer drafted."""
+    target, drafter = make(ttt_steps=3, draft_vocab_size=draft_vocab_size)
+    prompt = torch.randint(3, target.vocab_size, (7,), generator=torch.Generator().manual_seed(3))  # [n]
+    j = prompt.shape[0] - 1  # the chain starts after real pairs 0..j
+    params = SamplingParams(temperature=1.0)
     with torch.no_grad():
-        # training path: logits of step t at position j
-        hidden, step_kv, train_logits = drafter.fc(batch["aux_hidden_states"]), [], []
-        for t in range(3):
-            n = 10 - 1 - t
-            pos = (torch.arange(n) + t).view(1, -1)
-            hidden = drafter.step(ids[:, 1 + t : 1 + t + n], hidden[:, :n], pos, step_kv=step_kv)
-            train_logits.append(drafter.logits(hidden)[0, j])
-        # inference path: commit real pairs 0..j, then feed the true next tokens as the chain
-        out = target.forward(ids[:, : j + 1])
+        first = target.forward(prompt[None]).logits[0, -1].argmax().view(1)
+        context = torch.cat([prompt, first])  # [n + 1]
         proposer = drafter.make_proposer(target)
-        proposer.begin(ids[0, :1])
-        proposer.commit(ids[0, : j + 2], j + 1, TargetOutput(out.logits, out.hidden_states))
-        chain_out = proposer.last_out
-        infer_logits = [drafter.logits(chain_out)[0, -1]]
-        for t in range(1, 3):
-            pos = torch.tensor([[proposer.committed + t - 1]])
-            chain_out = drafter.step(ids[:, j + 1 + t].view(1, 1), chain_out, pos, cache=proposer.cache)
-            infer_logits.append(drafter.logits(chain_out)[0, -1])
+        _begin(proposer, target, context, prompt.shape[0])
+        draft = proposer.propose(context, 3, params, torch.Generator().manual_seed(0))
+        # training path on context + the first two drafts: step t at position j reads token j + 1 + t
+        ids = torch.cat([context, draft.tokens[:2]])[None]  # [1, n + 3]
+        batch = _features(target, drafter, ids)
+        hidden, step_kv, train_q = drafter.fc(batch["aux_hidden_states"]), [], []
+        s = ids.shape[1]
+        for t in range(3):
+            n = s - 1 - t
+            pos = (torch.arange(n) + t).view(1, -1)
+            hidden = drafter.step(ids[:, 1 + t: 1 + t + n], hidden[:, :n], pos, step_kv=step_kv)
+            logits = drafter.logits(hidden)[0, j]  # [dv]
+            train_q.append(proposer._target_probs(logits, params))
     for t in range(3):
-        torch.testing.assert_close(infer_logits[t], train_logits[t], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(draft.probs[t], train_q[t], rtol=1e-4, atol=1e-6)
+
+
+def test_propose_commit_propose_rolls_back_the_speculative_chain():
+    """After a round with one accepted draft and a correction, the next proposal equals that of a
+    proposer that never drafted the rejected tokens (the cache was cropped on commit)."""
+    target, drafter = make(ttt_steps=3)
+    prompt = torch.randint(3, target.vocab_size, (6,), generator=torch.Generator().manual_seed(5))  # [n]
+    greedy = SamplingParams()
+    with torch.no_grad():
+        context = torch.cat([prompt, torch.tensor([7])])  # prompt + the prefill's first token
+        used = drafter.make_proposer(target)
+        _begin(used, target, context, prompt.shape[0])
+        first = used.propose(context, 3, greedy)  # three chain steps land in the cache
+        assert len(used.cache) == used.committed + 2
+        correction = (int(first.tokens[1]) + 1) % target.vocab_size  # d2 rejected: a different token
+        context = torch.cat([context, first.tokens[:1], torch.tensor([correction])])  # d1 + correction
+        _commit_round(used, target, context, 2)
+        assert used.committed == context.shape[0] - 1 == len(used.cache)
+        again = used.propose(context, 3, greedy)
+
+        fresh = drafter.make_proposer(target)  # never drafted: prefill, then the same commit
+        _begin(fresh, target, context[:prompt.shape[0] + 1], prompt.shape[0])
+        _commit_round(fresh, target, context, 2)
+        want = fresh.propose(context, 3, greedy)
+    assert again.tokens.tolist() == want.tokens.tolist()
+    torch.testing.assert_close(again.probs, want.probs, rtol=1e-5, atol=1e-6)
