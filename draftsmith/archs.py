@@ -108,7 +108,7 @@ def embedding_scale(model) -> float | None:
     """The factor the target multiplies its embedding rows by (Gemma: sqrt(h)); None when 1."""
     module = model.get_input_embeddings()
     scale = getattr(module, "embed_scale", None)
-    if scale is not None:
+    if scale is not None and not getattr(scale, "is_meta", False):
         scale = float(scale)
     elif getattr(text_config(model.config), "model_type", "").startswith("gemma"):
         scale = math.sqrt(text_config(model.config).hidden_size)  # Gemma-2 scales inside the model's forward

@@ -8,6 +8,7 @@
     draftsmith leaderboard results/*.json --out leaderboard/
     draftsmith report results/run.json
     draftsmith ls                              # drafter kinds, workloads, export formats, recipes
+    draftsmith inspect TARGET [--kind K]       # a target's shape, rope, features, kinds that work
 
 Each subcommand lives in the module that owns its stage; that module provides
 `add_arguments(parser)` and `main(args) -> int`.
@@ -27,6 +28,7 @@ SUBCOMMANDS = {
     "leaderboard": ("draftsmith.report.cli_leaderboard", "build an acceptance leaderboard from result files"),
     "report": ("draftsmith.report.cli_report", "show one result file in the terminal and as HTML"),
     "ls": ("draftsmith.cli_ls", "list drafter kinds, workloads, export formats and recipes"),
+    "inspect": ("draftsmith.inspect", "show a target's shape, rope, features and the drafter kinds that work for it"),
 }
 
 

@@ -115,6 +115,9 @@ class Trainer:
         self.target = target or target_mod.from_config(cfg.target)
         if tc.target_sharding == "fsdp2":
             parallel.shard_target(self.ctx, self.target)
+        from draftsmith.inspect import check_for_training
+
+        check_for_training(self.target, cfg.drafter.kind)  # `draftsmith inspect`'s refusals, before any data
         drafter_cls = DRAFTERS.get(cfg.drafter.kind)
         options = config_mod.drafter_options(cfg)
         self.train_set, self.heldout, counts = load_data(cfg, self.target, drafter_cls, options, self.ctx)
