@@ -158,7 +158,7 @@ def logits_transform(config) -> tuple[float | None, float | None, float | None]:
             getattr(c, "logits_scaling", None))
 
 
-def refusals(config, kind: str, fmt: str | None = None, model=None) -> list[str]:
+def refusals(config, kind: str, fmt: str | None = None) -> list[str]:
     """Why `kind` (exported as `fmt`, when given) cannot serve this target; [] when it can.
 
     Each reason names the unsupported feature and what to do instead."""
@@ -175,7 +175,6 @@ def refusals(config, kind: str, fmt: str | None = None, model=None) -> list[str]
 
     if kind in ("eagle1", "eagle3") and rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
         reasons.append(f"rope_type {rope_type!r}: the draft layer's rotary embedding does not implement it")
-    t = traits(c, model)
     if kind == "eagle3" and fmt in ("sglang", "trtllm"):
         # SGLang and TRT-LLM name aux layers by layer OUTPUT: a 2-layer target's default ids include 0.
         from draftsmith.target import default_aux_layer_ids
@@ -183,7 +182,6 @@ def refusals(config, kind: str, fmt: str | None = None, model=None) -> list[str]
         if min(default_aux_layer_ids(c.num_hidden_layers)) < 1:
             reasons.append(f"{fmt}: aux layer ids name layer outputs, and a {c.num_hidden_layers}-layer target's default "
                            "ids include 0 (the embedding output); use a target with >= 4 layers or aux_layer_ids >= 1")
-    del t
     return reasons
 
 

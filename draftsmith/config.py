@@ -67,6 +67,10 @@ class DataConfig:
     # 0: tokenize in this process. N >= 1: tokenize through datasets' Dataset.map with N processes,
     # cached by fingerprint (a rerun over the same data and recipe does not tokenize again).
     num_proc: int = 0
+    # Read, tokenize and batch rows lazily (corpora larger than memory); needs train.max_steps.
+    # Heldout rows are the FIRST eval_samples; order: a seeded shuffle buffer of this many rows.
+    streaming: bool = False
+    shuffle_buffer: int = 1024
 
 
 @dataclass

@@ -76,8 +76,8 @@ def support(config, model=None) -> dict[str, dict]:
     """kind -> {"refusals": [...], "formats": {fmt: [refusals]}} for every drafter kind."""
     out = {}
     for kind in archs.KINDS:
-        reasons = archs.refusals(config, kind, model=model)
-        formats = {fmt: archs.refusals(config, kind, fmt, model=model) for fmt in archs.formats_for(kind)}
+        reasons = archs.refusals(config, kind)
+        formats = {fmt: archs.refusals(config, kind, fmt) for fmt in archs.formats_for(kind)}
         out[kind] = {"refusals": reasons, "formats": {f: r for f, r in formats.items()}}
     return out
 
@@ -145,7 +145,7 @@ def format_text(rep: dict) -> str:
 
 def check_for_training(target, kind: str) -> None:
     """`draftsmith train`'s check before loading data: the same refusals inspect prints, as one error."""
-    reasons = archs.refusals(target.config, kind, model=target.model)
+    reasons = archs.refusals(target.config, kind)
     if reasons:
         raise ValueError(f"drafter.kind {kind!r} cannot train for target {target.name} "
                          f"({target.config.model_type}): " + "; ".join(reasons)

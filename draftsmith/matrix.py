@@ -118,7 +118,7 @@ def run_cell(arch: str, kind: str, target, target_dir: Path, data: Path, workdir
 
     start = time.perf_counter()
     cell = Cell(arch, kind, "ok")
-    refused = archs.refusals(target.config, kind, model=target.model)
+    refused = archs.refusals(target.config, kind)
     if refused:
         cell.status, cell.reasons = "refused", refused
         return cell
@@ -142,7 +142,7 @@ def run_cell(arch: str, kind: str, target, target_dir: Path, data: Path, workdir
             cell.checks["export"] = f"no export format takes {kind} drafters"
         for fmt in archs.formats_for(kind):
             step = f"export {fmt}"
-            why = archs.refusals(target.config, kind, fmt, model=target.model)
+            why = archs.refusals(target.config, kind, fmt)
             if why:
                 cell.checks[f"export {fmt}"] = "refused: " + "; ".join(why)
                 continue

@@ -117,7 +117,9 @@ def tokenize(data_cfg, tokenizer, num_proc: int, cache_dir: str | None = None):
     raw = raw_dataset(files, cache_dir)
     options = _shape_options(data_cfg)
     fp = recipe_fingerprint(raw._fingerprint, tokenizer, options)
-    cached = bool(raw.cache_files) and Path(raw._get_cache_file_path(fp)).exists()
+    # map writes cache-FP.arrow (one process) or cache-FP_0000i_of_0000N.arrow (num_proc N)
+    stem = Path(raw._get_cache_file_path(fp)) if raw.cache_files else None
+    cached = stem is not None and any(stem.parent.glob(stem.stem + "*.arrow"))
     tokenized = raw.map(_encode_batch, batched=True, batch_size=256, num_proc=num_proc if num_proc > 1 else None,
                         fn_kwargs={"tokenizer": tokenizer, "data_cfg": options}, remove_columns=["value"],
                         new_fingerprint=fp, desc="tokenizing")

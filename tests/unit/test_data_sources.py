@@ -100,6 +100,8 @@ def test_datasets_map_equals_in_process_and_caches(tmp_path, tok, monkeypatch):
         assert (report.read, report.used, dict(report.skipped), report.examples) == (
             ref_report.read, ref_report.used, dict(ref_report.skipped), ref_report.examples)
         assert report.tokenized_from_cache is (num_proc == 2)  # the second run loads the first run's tokens
+    _, _, report = build_dataset(cfg(jsonl, num_proc=2), tok)  # num_proc 2 shards: found too
+    assert report.tokenized_from_cache is True
     other, _, report = build_dataset(cfg(jsonl, num_proc=1, max_length=32), tok)  # another recipe: tokenized again
     assert report.tokenized_from_cache is False and max(len(x) for x in other.input_ids) <= 32
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in ROWS[:5]))  # the data changed: tokenized again
