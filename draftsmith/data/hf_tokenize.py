@@ -120,9 +120,17 @@ def tokenize(data_cfg, tokenizer, num_proc: int, cache_dir: str | None = None):
     # map writes cache-FP.arrow (one process) or cache-FP_0000i_of_0000N.arrow (num_proc N)
     stem = Path(raw._get_cache_file_path(fp)) if raw.cache_files else None
     cached = stem is not None and any(stem.parent.glob(stem.stem + "*.arrow"))
+    import datasets
+
+    features = datasets.Features({
+        **{k: v for k, v in raw.features.items() if k != "value"},
+        "input_ids": datasets.Sequence(datasets.Sequence(datasets.Value("int32"))),  # sequences of one row
+        "loss_mask": datasets.Sequence(datasets.Sequence(datasets.Value("uint8"))),
+        "truncated": datasets.Value("bool"), "skip_reason": datasets.Value("string"),
+        "skip_detail": datasets.Value("string")})
     tokenized = raw.map(_encode_batch, batched=True, batch_size=256, num_proc=num_proc if num_proc > 1 else None,
                         fn_kwargs={"tokenizer": tokenizer, "data_cfg": options}, remove_columns=["value"],
-                        new_fingerprint=fp, desc="tokenizing")
+                        features=features, new_fingerprint=fp, desc="tokenizing")
     return tokenized, cached
 
 
@@ -134,28 +142,49 @@ def build(data_cfg, tokenizer, report, num_proc: int, cache_dir: str | None = No
     input_ids: list[torch.Tensor] = []
     loss_mask: list[torch.Tensor] = []
     ids: list[str] = []
-    cols = tokenized.select_columns(["file", "line", "row_id", "input_ids", "loss_mask", "truncated", "skip_reason",
-                                     "skip_detail"])
-    for row in cols.iter(batch_size=1024):
-        for file, line, row_id, seqs, masks, truncated, reason, detail in zip(
-                row["file"], row["line"], row["row_id"], row["input_ids"], row["loss_mask"], row["truncated"],
-                row["skip_reason"], row["skip_detail"]):
-            report.read += 1
-            if reason:
-                report.skip(f"{file}:{line}", formats.RowError(reason, detail))
-                continue
-            report.used += 1
-            report.truncated += int(truncated)
-            name = row_id or f"{Path(file).name}:{line}"
-            for k, (seq, mask) in enumerate(zip(seqs, masks)):
-                input_ids.append(torch.tensor(seq, dtype=torch.int32))
-                loss_mask.append(torch.tensor(mask, dtype=torch.uint8))
-                ids.append(name if len(seqs) == 1 else f"{name}#{k}")
-            if data_cfg.max_samples is not None and len(input_ids) >= data_cfg.max_samples:
-                del input_ids[data_cfg.max_samples:], loss_mask[data_cfg.max_samples:], ids[data_cfg.max_samples:]
-                report.stopped_at_max_samples = True
-                return input_ids, loss_mask, ids
+    names: dict[str, str] = {}
+    for file, line, row_id, seqs, masks, truncated, reason, detail in _columns(tokenized):
+        report.read += 1
+        if reason:
+            report.skip(f"{file}:{line}", formats.RowError(reason, detail))
+            continue
+        report.used += 1
+        report.truncated += int(truncated)
+        name = row_id or f"{names.setdefault(file, Path(file).name)}:{line}"
+        for k, (seq, mask) in enumerate(zip(seqs, masks)):
+            input_ids.append(seq)
+            loss_mask.append(mask)
+            ids.append(name if len(seqs) == 1 else f"{name}#{k}")
+        if data_cfg.max_samples is not None and len(input_ids) >= data_cfg.max_samples:
+            del input_ids[data_cfg.max_samples:], loss_mask[data_cfg.max_samples:], ids[data_cfg.max_samples:]
+            report.stopped_at_max_samples = True
+            break
     return input_ids, loss_mask, ids
+
+
+def _split(column, dtype) -> list[list[torch.Tensor]]:
+    """An Arrow list<list<int>> column -> per row, its sequences as tensors (views of one buffer)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    inner = column.flatten()  # list<int> per sequence, all rows of the batch
+    flat = torch.from_numpy(np.array(inner.flatten().to_numpy(zero_copy_only=False), dtype=dtype))  # own, writable
+    seq_ends = np.cumsum(pc.list_value_length(inner).to_numpy(zero_copy_only=False))
+    per_row = np.cumsum(pc.list_value_length(column).to_numpy(zero_copy_only=False))
+    seqs = [flat[a:b] for a, b in zip(np.concatenate([[0], seq_ends[:-1]]), seq_ends)]
+    return [seqs[a:b] for a, b in zip(np.concatenate([[0], per_row[:-1]]), per_row)]
+
+
+def _columns(tokenized):
+    """Rows of the tokenized dataset, read column-wise through Arrow (no per-token Python work)."""
+    import numpy as np
+
+    for table in tokenized.with_format("arrow").iter(batch_size=4096):
+        ids = _split(table.column("input_ids").combine_chunks(), np.int32)
+        masks = _split(table.column("loss_mask").combine_chunks(), np.uint8)
+        yield from zip(table.column("file").to_pylist(), table.column("line").to_pylist(),
+                       table.column("row_id").to_pylist(), ids, masks, table.column("truncated").to_pylist(),
+                       table.column("skip_reason").to_pylist(), table.column("skip_detail").to_pylist())
 
 
 def stream_rows(data_cfg, tokenizer, report) -> Iterator[dict]:
