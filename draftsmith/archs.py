@@ -128,7 +128,8 @@ def traits(config, model=None) -> Traits:
         window = window or c.attention_chunk_size
     scale = embedding_scale(model) if model is not None else (
         math.sqrt(c.hidden_size) if c.model_type.startswith("gemma") else None)
-    names = " ".join(n for n, _ in model.named_modules()) if model is not None else ""
+    names = " ".join([n for n, _ in model.named_modules()] + [n for n, _ in model.named_parameters()]) \
+        if model is not None else ""
     return Traits(
         model_type=c.model_type,
         rope=draft_rope(c),
@@ -142,7 +143,7 @@ def traits(config, model=None) -> Traits:
         layer_types=layer_types,
         moe=any(getattr(c, k, None) for k in ("num_local_experts", "num_experts", "n_routed_experts")),
         mla=bool(getattr(c, "kv_lora_rank", None)),
-        attention_sinks=".sinks" in names or c.model_type == "gpt_oss",
+        attention_sinks=".sinks" in names,
         qk_norm=("q_norm" in names or "q_layernorm" in names or bool(getattr(c, "use_qk_norm", False))),
         fused_qkv="qkv_proj" in names,
     )

@@ -72,7 +72,7 @@ def eos_ids(config, model, tokenizer) -> list[int]:
     return ids
 
 
-def support(config, model=None) -> dict[str, dict]:
+def support(config) -> dict[str, dict]:
     """kind -> {"refusals": [...], "formats": {fmt: [refusals]}} for every drafter kind."""
     out = {}
     for kind in archs.KINDS:
@@ -89,7 +89,7 @@ def report(path: str, revision: str | None = None, trust_remote_code: bool = Fal
     c = archs.text_config(config)
     t = archs.traits(config, model)
     hidden, layers = c.hidden_size, c.num_hidden_layers
-    kinds = support(config, model) if not problems else {}
+    kinds = support(config) if not problems else {}
     return {
         "target": path,
         "model_type": c.model_type,
