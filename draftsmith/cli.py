@@ -9,6 +9,7 @@
     draftsmith leaderboard results/*.json --out leaderboard/
     draftsmith report results/run.json
     draftsmith ls                              # drafter kinds, workloads, export formats, recipes
+    draftsmith inspect TARGET [--kind K]       # a target's shape, rope, features, kinds that work
 
 Expected errors (a bad path, value or key, a mismatch, a missing file, an offline load without
 a cache) print one line naming the file, key or value and the fix, and exit 2. Add `--debug`
@@ -36,6 +37,7 @@ SUBCOMMANDS = {
     "leaderboard": ("draftsmith.report.cli_leaderboard", "build an acceptance leaderboard from result files"),
     "report": ("draftsmith.report.cli_report", "show one result file in the terminal and as HTML"),
     "ls": ("draftsmith.cli_ls", "list drafter kinds, workloads, export formats and recipes"),
+    "inspect": ("draftsmith.inspect", "show a target's shape, rope, features and the drafter kinds that work for it"),
 }
 
 

@@ -49,7 +49,8 @@ class TargetConfig:
 
 @dataclass
 class DataConfig:
-    # One or more files: JSONL/JSON conversations (ShareGPT or OpenAI form), plain text, or prompts.
+    # One or more files: JSONL/JSON conversations (ShareGPT or OpenAI form), plain text, or prompts;
+    # parquet / arrow files, save_to_disk folders, hf:ORG/NAME[?split=..&config=..&revision=..] (data/hf_sources.py).
     path: list[str] = field(default_factory=list)
     # "auto" detects the form per row.
     format: Literal["auto", "sharegpt", "openai", "text", "prompts"] = "auto"
@@ -63,6 +64,13 @@ class DataConfig:
     eval_samples: int = 0
     # Text files are cut into chunks of this many tokens; loss on every token.
     text_chunk_tokens: int = 256
+    # 0: tokenize in this process. N >= 1: tokenize through datasets' Dataset.map with N processes,
+    # cached by fingerprint (a rerun over the same data and recipe does not tokenize again).
+    num_proc: int = 0
+    # Read, tokenize and batch rows lazily (corpora larger than memory); needs train.max_steps.
+    # Heldout rows are the FIRST eval_samples; order: a seeded shuffle buffer of this many rows.
+    streaming: bool = False
+    shuffle_buffer: int = 1024
 
 
 @dataclass

@@ -3,7 +3,8 @@ from the offline feature cache (draftsmith/data/feature_cache.py). Both paths pr
 same dict of tensors, named as in heads/base.py.
 
 The cache stores hidden states only; target_logits are recomputed from last_hidden_state
-with the frozen lm_head (cheap, and it keeps the cache a few times smaller than logits).
+through the target's own output path (Target.logits_from_hidden: lm_head plus soft-capping or
+logit scaling; cheap, and it keeps the cache a few times smaller than logits).
 """
 from __future__ import annotations
 
@@ -28,9 +29,25 @@ def compute(target, input_ids: torch.Tensor, attention_mask: torch.Tensor, requi
 
 @torch.no_grad()
 def logits_from_hidden(target, last_hidden_state: torch.Tensor) -> torch.Tensor:
-    """[b, s, h] post-norm hidden -> [b, s, V] target logits through the frozen lm_head."""
-    head = target.lm_head
-    return head(last_hidden_state.to(head.weight.dtype))
+    """[b, s, h] post-norm hidden -> [b, s, V] target logits (lm_head + the target's own transforms)."""
+    return target.logits_from_hidden(last_hidden_state)
+
+
+@torch.no_grad()
+def check_logits_path(target, last_hidden_state: torch.Tensor, logits: torch.Tensor, attention_mask: torch.Tensor,
+                      atol: float = 1e-3) -> None:
+    """Raise unless logits recomputed from the cached last hidden state equal the target's own logits
+    (on real tokens): a target whose forward transforms logits in a way Target.logits_from_hidden does not
+    know would otherwise train every offline drafter on wrong soft labels."""
+    again = logits_from_hidden(target, last_hidden_state).float()
+    real = attention_mask.bool()
+    diff = float((again - logits.float()).abs()[real].max()) if real.any() else 0.0
+    scale = float(logits.float()[real].abs().max()) if real.any() else 1.0
+    if diff > atol * max(1.0, scale):
+        raise ValueError(
+            f"offline features for target {target.name} ({target.config.model_type}): logits recomputed from the "
+            f"last hidden state differ from the target's own logits by {diff:.3g}; its forward transforms logits in a "
+            "way draftsmith does not replay. Use features.mode: online for this target")
 
 
 def complete(target, batch: dict[str, torch.Tensor], required: set[str], layers: list[int]) -> dict[str, torch.Tensor]:

@@ -99,7 +99,37 @@ class Target:
 
     @property
     def embed_tokens(self) -> nn.Embedding:
-        return self.model.get_input_embeddings()
+        """The embedding table as raw rows: what a Llama-layer draft (EAGLE, engines' EAGLE drafts)
+        looks up with the shared weight. Gemma-3's scaled embedding module multiplies by sqrt(h) in
+        its forward (Gemma-2 does so in the model's forward); drafters never see that scale, at
+        training or serving (archs.traits records it; exports write it in draftsmith.json)."""
+        module = self.model.get_input_embeddings()
+        if type(module) is nn.Embedding:
+            return module
+        if getattr(self, "_raw_embedding", None) is None or self._raw_embedding.weight is not module.weight:
+            raw = nn.Embedding(module.num_embeddings, module.embedding_dim, padding_idx=module.padding_idx,
+                               device="meta")
+            raw.weight = module.weight  # shares the tensor: no copy, stays frozen
+            self._raw_embedding = raw
+        return self._raw_embedding
+
+    def logits_from_hidden(self, last_hidden_state: torch.Tensor) -> torch.Tensor:
+        """[b, s, h] post-norm hidden -> [b, s, V] logits through the target's own output path:
+        lm_head, then the transforms its forward applies (Gemma's final soft-capping
+        cap * tanh(x / cap), Cohere's logit_scale, Granite's logits_scaling). The offline cache
+        checks the result against the target's real logits before trusting it (data/feature_cache)."""
+        from draftsmith.archs import logits_transform
+
+        head = self.lm_head
+        logits = head(last_hidden_state.to(head.weight.dtype))  # [b, s, h] -> [b, s, V]
+        cap, mul, div = logits_transform(self.config)
+        if mul:
+            logits = logits * mul
+        if div:
+            logits = logits / div
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     @property
     def lm_head(self) -> nn.Linear:

@@ -66,6 +66,7 @@ class DataReport:
     tokens: int = 0
     loss_tokens: int = 0
     stopped_at_max_samples: bool = False
+    tokenized_from_cache: Optional[bool] = None  # datasets path (data.num_proc >= 1): loaded, not tokenized again
 
     def skip(self, source: str, err: formats.RowError) -> None:
         self.skipped[err.reason] += 1
@@ -87,6 +88,9 @@ class DataReport:
                      f"truncated rows {self.truncated}")
         share = self.loss_tokens / max(1, self.tokens)
         lines.append(f"  tokens {self.tokens}, loss tokens {self.loss_tokens} ({share:.1%})")
+        if self.tokenized_from_cache is not None:
+            lines.append("  tokenized through datasets: " + ("loaded from its cache" if self.tokenized_from_cache
+                                                           else "tokenized now (cached for the next run)"))
         if self.examples:
             lines.append("  first bad rows:")
             lines.extend(f"    {e}" for e in self.examples)
@@ -119,7 +123,13 @@ def build_dataset(data_cfg, tokenizer) -> tuple[TokenDataset, TokenDataset, Data
     input_ids: list[torch.Tensor] = []
     loss_mask: list[torch.Tensor] = []
     ids: list[str] = []
-    for raw, row, err in formats.iter_rows(report.files, data_cfg.format):
+    num_proc = getattr(data_cfg, "num_proc", 0) or 0
+    rows = () if num_proc >= 1 else formats.iter_rows(report.files, data_cfg.format)
+    if num_proc >= 1:  # the datasets path: Dataset.map(num_proc), fingerprint-cached (hf_tokenize.py)
+        from draftsmith.data import hf_tokenize
+
+        input_ids, loss_mask, ids = hf_tokenize.build(data_cfg, tokenizer, report, num_proc)
+    for raw, row, err in rows:
         report.read += 1
         if err is None:
             try:

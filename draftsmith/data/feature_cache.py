@@ -70,8 +70,11 @@ def _shard_tensors(target, dataset, start: int, end: int, layers, dtype, feature
     for lo in range(start, end, batch_size):
         items = [dataset[i] for i in range(lo, min(end, lo + batch_size))]
         batch = collate(items, pad)
+        check = lo == start and "last_hidden_state" in features  # once per shard: the soft labels' path
         f = feats_mod.compute(target, batch["input_ids"].to(target.device), batch["attention_mask"].to(target.device),
-                              set(features), list(layers))
+                              set(features) | ({"target_logits"} if check else set()), list(layers))
+        if check:
+            feats_mod.check_logits_path(target, f["last_hidden_state"], f["target_logits"], batch["attention_mask"])
         for b, item in enumerate(items):
             row, n = lo + b, len(item["input_ids"])
             out[f"{row}/input_ids"] = item["input_ids"].to(torch.int32)

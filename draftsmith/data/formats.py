@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-DATA_SUFFIXES = (".json", ".jsonl", ".txt")
+DATA_SUFFIXES = (".json", ".jsonl", ".txt")  # plus .parquet / .arrow, save_to_disk folders, hf:ORG/NAME (hf_sources)
 PROMPT_KEYS = ("prompt", "turns", "question")
 ROLE_ALIASES = {
     "human": "user", "user": "user",
@@ -95,21 +95,23 @@ def expand_paths(paths: list[str]) -> list[str]:
     """data.path entries -> files: globs and directories (*.json, *.jsonl, *.txt) expanded, sorted."""
     if not paths:
         raise ValueError("data.path is empty: set data.path in the recipe (or pass data.path=FILE on the command line)")
+    from draftsmith.data import hf_sources
+
     files: list[str] = []
     for p in paths:
-        if p.startswith("stdlib:"):
-            files.append(p)
+        if p.startswith("stdlib:") or hf_sources.is_hf(p) or hf_sources.is_saved_dataset(p):
+            files.append(p)  # read through `datasets` (data/hf_sources.py)
         elif any(c in p for c in "*?["):
             matches = sorted(glob.glob(p))
             if not matches:
                 raise FileNotFoundError(f"data.path {p!r} matches no file; fix the pattern in data.path")
             files.extend(matches)
         elif os.path.isdir(p):
-            found = sorted(str(f) for f in Path(p).iterdir() if f.suffix in DATA_SUFFIXES)
+            found = sorted(str(f) for f in Path(p).iterdir() if f.suffix in DATA_SUFFIXES + hf_sources.TABLE_SUFFIXES)
             if not found:
                 raise FileNotFoundError(f"data.path {p!r} is a directory with no {'/'.join(DATA_SUFFIXES)} files")
             files.extend(found)
-        elif not os.path.exists(p):
+        elif not os.path.exists(hf_sources.split_query(p)[0]):
             raise FileNotFoundError(
                 f"data file {p!r} does not exist (relative to {os.getcwd()}); fix data.path in the recipe "
                 "or override it: data.path=PATH"
@@ -173,6 +175,11 @@ def read_raw(file: str) -> Iterator[RawRow]:
     """Yield the raw rows of one file (parse errors become rows carrying a RowError)."""
     if file.startswith("stdlib:"):
         yield from _stdlib_rows(file)
+        return
+    from draftsmith.data import hf_sources
+
+    if hf_sources.is_dataset_source(file):
+        yield from hf_sources.raw_rows(file)
         return
     text = Path(file).read_bytes().decode("utf-8", errors="surrogateescape")
     if file.endswith(".txt"):

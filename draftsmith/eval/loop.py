@@ -109,7 +109,7 @@ class SpeculativeState:
     """
 
     def __init__(self, target: Target, proposer, cfg: LoopConfig, generator: torch.Generator | None = None):
-        from transformers import DynamicCache
+        from draftsmith.archs import new_cache
 
         if cfg.k < 0:
             raise ValueError(f"k must be >= 0, got {cfg.k}")
@@ -118,7 +118,7 @@ class SpeculativeState:
         self.target, self.proposer, self.cfg, self.generator = target, proposer, cfg, generator
         self.device = target.device
         self.eos = set(cfg.eos_ids if cfg.eos_ids is not None else target.eos_ids)
-        self.cache = DynamicCache(config=target.config)
+        self.cache = new_cache(target.config)  # sliding-window layers record their past: rollback works
         self.context = torch.empty(0, dtype=torch.long, device=self.device)  # [N] committed ids
         self.new_tokens: list[int] = []
         self.rounds: list[RoundStats] = []

@@ -61,9 +61,9 @@ class DraftModelProposer:
         return next(self.model.parameters()).device
 
     def begin(self, prompt_ids: torch.Tensor) -> None:
-        from transformers import DynamicCache
+        from draftsmith.archs import new_cache
 
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = new_cache(self.model.config)  # rollback works on sliding-window layers
         self._cached = torch.empty(0, dtype=torch.long, device=self.device)
 
     def commit(self, context: torch.Tensor, num_new: int, target_out) -> None:

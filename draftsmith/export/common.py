@@ -143,13 +143,11 @@ def sha256_tensor(t: torch.Tensor) -> str:
 
 
 def target_rope(target_config) -> dict:
-    """The target's rope parameters as a transformers-5 `rope_parameters` dict."""
-    rope = getattr(target_config, "rope_parameters", None)
-    if rope is None:
-        rope = {"rope_type": "default", "rope_theta": getattr(target_config, "rope_theta", 10000.0)}
-        if getattr(target_config, "rope_scaling", None):
-            rope.update(target_config.rope_scaling)
-    return dict(rope)
+    """The rope the draft layer runs, as a flat transformers-5 `rope_parameters` dict (archs.draft_rope:
+    the target's own, its full-attention entry when rope is per layer type, whole-head rotary)."""
+    from draftsmith.archs import draft_rope
+
+    return draft_rope(target_config)
 
 
 def rope_scaling_of(rope: dict) -> dict | None:
@@ -210,6 +208,8 @@ def output_of_layer_ids(aux_ids: list[int], engine: str) -> list[int]:
 
 def sidecar(loaded, fmt: str, engine: str, opts: ExportOptions, extra: dict | None = None) -> dict:
     """draftsmith.json: what was exported, for which verifier, from which checkpoint."""
+    from draftsmith.archs import export_record
+
     target = loaded.target
     out = {
         "format": fmt,
@@ -217,6 +217,7 @@ def sidecar(loaded, fmt: str, engine: str, opts: ExportOptions, extra: dict | No
         "drafter_kind": loaded.drafter.kind,
         "verifier": {**target.identity(), "serve_as": verifier_name(loaded, opts)},
         "aux_layer_ids": loaded.drafter.feature_layers(),
+        "target_architecture": export_record(target),
         "aux_layer_ids_convention": "draftsmith: id i = hidden_states[i], the input of target layer i",
         "checkpoint_meta": loaded.meta,
         "recipe": config_mod.to_dict(loaded.config),

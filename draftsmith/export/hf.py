@@ -79,7 +79,7 @@ class HFExporter(Exporter):
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(hf_config)
         dtype = getattr(torch, config.get("dtype") or config.get("torch_dtype") or "float32")
-        names = dict(model.state_dict())
+        names = checkpoint_names(model)
         if getattr(hf_config, "tie_word_embeddings", False):
             names.pop("lm_head.weight", None)  # tied: stored once, as the embedding
         return {k: TensorSpec(tuple(v.shape), dtype) for k, v in names.items()}
@@ -90,8 +90,11 @@ class HFExporter(Exporter):
     def check_format(self, export_dir: Path, config: dict, tensors: dict, loaded) -> list[str]:
         from transformers import AutoTokenizer
 
+        from draftsmith.archs import carried_field_problems
+
         limit = json.loads((export_dir / SIDECAR_FILE).read_text()).get("max_model_len")
         problems = check_positions(config["max_position_embeddings"], loaded.target.config.max_position_embeddings, limit)
+        problems += carried_field_problems(config, loaded.target.config)
         tokenizer = AutoTokenizer.from_pretrained(str(export_dir))
         if tokenizer.get_vocab() != loaded.target.tokenizer.get_vocab():
             problems.append("tokenizer: the exported tokenizer's vocabulary differs from the target's")
@@ -111,6 +114,17 @@ class HFExporter(Exporter):
         spec = json.dumps({"model": str(out_dir), "num_speculative_tokens": k, "method": "draft_model"})
         limit = f" --max-model-len {int(opts.max_model_len)}" if opts.max_model_len is not None else ""
         return f"vllm serve {shlex.quote(verifier_name(loaded, opts))}{limit} --speculative-config {shlex.quote(spec)}"
+
+
+def checkpoint_names(model) -> dict:
+    """The state dict as save_pretrained writes it: transformers 5 fuses some weights in memory (MoE
+    experts: experts.gate_up_proj) and reverts to the checkpoint layout (experts.0.gate_proj.weight)
+    on save, which is what loaders read."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers without weight conversions: memory layout == checkpoint layout
+        return dict(model.state_dict())
+    return dict(revert_weight_conversion(model, dict(model.state_dict())))
 
 
 def check_positions(draft: int, target: int, limit: int | None) -> list[str]:

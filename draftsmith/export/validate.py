@@ -16,6 +16,7 @@ problem at once:
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import torch
@@ -166,6 +167,12 @@ def check_verifier(side: dict, target) -> list[str]:
             problems.append(f"draftsmith.json: verifier.{key} is not recorded")
         elif recorded[key] != actual[key]:
             problems.append(f"draftsmith.json: verifier.{key} is {recorded[key]!r}, the target's is {actual[key]!r}")
+    from draftsmith.archs import export_record
+
+    arch = json.loads(json.dumps(export_record(target), default=str))  # as written to the file
+    if side.get("target_architecture") != arch:
+        problems.append(f"draftsmith.json: target_architecture is {side.get('target_architecture')!r}, the target's is "
+                        f"{arch!r} (embedding scale, soft-capping, window and draft rope must be recorded)")
     return problems
 
 

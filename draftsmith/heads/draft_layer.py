@@ -22,11 +22,13 @@ def draft_layer_config(target_config, num_heads=None, num_kv_heads=None, interme
     """A LlamaConfig for one draft layer with the target's width, rope and norm settings."""
     from transformers import LlamaConfig
 
+    from draftsmith.archs import draft_rope
+
     tc = target_config
     heads = num_heads or tc.num_attention_heads
     kv_heads = num_kv_heads or getattr(tc, "num_key_value_heads", None) or heads
     head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
-    rope = getattr(tc, "rope_parameters", None) or {"rope_type": "default", "rope_theta": getattr(tc, "rope_theta", 10000.0)}
+    rope = draft_rope(tc)  # the target's rope schedule (full-attention layers'), whole-head rotary
     return LlamaConfig(
         hidden_size=tc.hidden_size,
         intermediate_size=intermediate_size or tc.intermediate_size,
