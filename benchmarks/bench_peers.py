@@ -192,7 +192,7 @@ def draftsmith_trainer(data_file: Path, out_dir: Path, steps: int, seed: int, ov
                 f"train.seed={seed}", f"train.log_every={max(1, steps // 4)}", "train.eval_every=0",
                 "logging.progress_bar=false"]
     extra = [o if "." in o.split("=")[0] else f"drafter.{o}" for o in overrides]
-    return Trainer(config_mod.load(str(RECIPE), protocol + extra))
+    return Trainer(config_mod.load(str(RECIPE), protocol + extra), overwrite=True)  # the benchmark owns its workdir
 
 
 def train_draftsmith(data_file, out_dir, steps, seed, overrides):
