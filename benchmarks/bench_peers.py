@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -46,7 +47,7 @@ from draftsmith import config as config_mod  # noqa: E402
 from draftsmith import target as target_mod  # noqa: E402
 from draftsmith.eval.loop import LoopConfig, generate  # noqa: E402
 
-STORIES = REPO.parent / "shared" / "models" / "stories260K-hf"
+STORIES = Path(os.environ.get("DRAFTSMITH_SHARED", REPO.parent / "shared")) / "models" / "stories260K-hf"
 RECIPE = REPO / "recipes" / "debug" / "eagle3-stories260k.yaml"
 AUX = [1, 2, 4]
 # Our own story openings: training prompts and held-out evaluation prompts never overlap.

@@ -1,0 +1,50 @@
+"""benchmarks/bench_peers.py: its round walk counts rounds exactly as the speculative loop does, and
+its 2-step smoke mode runs end to end (CI runs only this mode; the numbers come from full runs)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import STORIES, shared_path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_peers", REPO / "benchmarks" / "bench_peers.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_peers"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_walk_rounds_by_hand():
+    """prompt of 2 tokens, 6 new tokens, k = 3: the prefill commits seq[2]; rounds start at c = 3."""
+    seq = [1, 5, 10, 11, 12, 13, 14, 15]
+    right = {j + 2 + t: seq[j + 2 + t] for j in range(6) for t in range(3) if j + 2 + t < len(seq)}
+    # step t at drafter position j predicts seq[j + 2 + t]; make step 1 wrong from position 1 (c = 3)
+    preds = [[right.get(j + 2 + t, 0) if not (t == 1 and j == 1) else -1 for j in range(6)] for t in range(3)]
+    committed, rounds = bench().walk_rounds(preds, seq, prompt_len=2, new_tokens=6, k=3)
+    # round 1 at c=3 (j=1): step 0 right, step 1 wrong -> accept 1, commit 2 (c=5)
+    # round 2 at c=5 (j=3): k_round = min(3, 6 - 3 - 1) = 2, both right -> commit 3 (c=8, 6 tokens done)
+    assert (committed, rounds) == (5, 2)
+
+
+@pytest.mark.shared
+def test_smoke_mode_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTSMITH_SHARED", str(shared_path(STORIES).parents[1]))
+    module = bench()
+    out = tmp_path / "peers.json"
+    peers = "draftsmith,speculators" if importlib.util.find_spec("speculators") else "draftsmith"
+    assert module.main(["--smoke", "--workdir", str(tmp_path / "work"), "--out", str(out), "--peers", peers]) == 0
+    report = json.loads(out.read_text())
+    run = report["runs"][0]
+    assert run["steps"] == 2 and run["draftsmith_lossless"]
+    assert run["draftsmith_tau"] == pytest.approx(run["draftsmith_loop_tau"], abs=0.03)
+    assert 1.0 <= run["draftsmith_tau"] <= 4.0
+    if "speculators" in peers:
+        assert 1.0 <= run["speculators_tau"] <= 4.0
