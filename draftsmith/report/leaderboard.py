@@ -39,6 +39,7 @@ METRIC_COLUMNS = (
     ("tpot_s", "TPOT ms", "ms", True),
     ("latency_p90_s", "p90 latency s", "{:.3f}", True),
     ("memory_mb", "memory MB", "{:.0f}", True),
+    ("trainable_params", "trainable params", "{:,.0f}", False),  # what training updated: compare kinds at equal size
 )
 KEY_COLUMNS = (("target", "target"), ("drafter_kind", "kind"), ("drafter", "drafter"), ("workload", "workload"),
                ("k", "k"), ("temperature", "T"), ("hardware", "hardware"))
@@ -68,6 +69,7 @@ class Row:
     speedup_p90: float | None = None
     target_tokens_per_s: float | None = None
     tpot_speedup: float | None = None  # decode only: target TPOT / speculative TPOT
+    trainable_params: int | None = None  # parameters the drafter's training updated (None: not recorded)
     verification: str = "greedy"
     max_new_tokens: int | None = None
     sampling: tuple = (0, 1.0)  # (top_k, top_p)
@@ -147,6 +149,7 @@ def rows_from_result(result: Result) -> list[Row]:
             source=str(result.path), command=result.command,
             speedup_p10=_num(agg, "speedup.p10"), speedup_p90=_num(agg, "speedup.p90"),
             target_tokens_per_s=_num(agg, "target_tokens_per_s.median"), tpot_speedup=_num(agg, "tpot_speedup.median"),
+            trainable_params=result.trainable_params,
             verification=result.verification, max_new_tokens=result.max_new_tokens, sampling=result.sampling,
             tree_budget=result.tree_budget, prompt_set=prompt_set(wl), tau_source=tau_source, aggregate=agg))
         per_round = per_round_acceptance(wl.get("requests") or [], result.k)

@@ -87,6 +87,12 @@ class Result:
         return self.data["target"]["name"]
 
     @property
+    def trainable_params(self) -> int | None:
+        """Trainable parameters of a trained drafter (results from `draftsmith eval CKPT`); None otherwise."""
+        value = self.data["drafter"].get("trainable_params")
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
     def drafter_kind(self) -> str:
         return self.data["drafter"]["kind"]
 

@@ -153,3 +153,17 @@ def test_model_counts_rounds_without_a_proposal_as_rejections(tmp_path):
     assert row.model_acceptance == pytest.approx([3 / 10, 1 / 3]) and row.model_acceptance_source == "requests, per round"
     (t,), _ = model_tables([row], k_max=2)
     assert t.predictions[2].expected_tau == pytest.approx(1 + (3 + 1) / 10)  # tokens per round, pooled
+
+
+def test_trainable_params_reach_rows_and_markdown(tmp_path):
+    """A checkpoint's results carry its trainable parameters; the leaderboard shows them, and results
+    without them (n-gram, older files) show a dash."""
+    with_params = make_result(drafter="eagle3-a")
+    with_params["drafter"]["trainable_params"] = 98816
+    files = [write(tmp_path / "a.json", with_params), write(tmp_path / "b.json", make_result(drafter="ngram", kind="ngram"))]
+    results, _ = load_results(files)
+    rows = {r.drafter: r for r in build_rows(results)}
+    assert rows["eagle3-a"].trainable_params == 98816 and rows["eagle3-a"].fmt("trainable_params") == "98,816"
+    assert rows["ngram"].trainable_params is None and rows["ngram"].fmt("trainable_params") == "—"
+    out = build_leaderboard(files, tmp_path / "lb")
+    assert "98,816" in out.readme.read_text() and "98,816" in out.index_html.read_text()
