@@ -63,6 +63,9 @@ class DataConfig:
     eval_samples: int = 0
     # Text files are cut into chunks of this many tokens; loss on every token.
     text_chunk_tokens: int = 256
+    # Sequence packing: several documents per training row of at most this many tokens, each with
+    # its own positions and no attention across documents (data/packing.py); None: one per row.
+    pack_length: Optional[int] = None
 
 
 @dataclass
@@ -344,6 +347,9 @@ def _semantic_checks(cfg: RecipeConfig) -> list[str]:
         problems.append("features.cache_dir: required when features.mode is offline")
     if cfg.data.max_length < 8:
         problems.append("data.max_length: must be >= 8 tokens")
+    if cfg.data.pack_length is not None and cfg.data.pack_length < cfg.data.max_length:
+        problems.append(f"data.pack_length: {cfg.data.pack_length} is below data.max_length ({cfg.data.max_length}); "
+                        "raise it to at least max_length (e.g. 4 * max_length) or set it to null")
     return problems
 
 

@@ -145,6 +145,17 @@ class CachedDataset(torch.utils.data.Dataset):
     def subset(self, start: int, end: int) -> "CachedDataset":
         return CachedDataset(self.root, self.manifest, self.start + start, self.start + end)
 
+    def lengths(self) -> list[int]:
+        """Token count of every row (from the manifest-listed shards, without reading features)."""
+        out = []
+        for i in range(len(self)):
+            row = self.start + i
+            file = self._shard_of[row]
+            if file not in self._handles:
+                self._handles[file] = safe_open(str(self.root / file), framework="pt")
+            out.append(self._handles[file].get_slice(f"{row}/input_ids").get_shape()[0])
+        return out
+
     def __getitem__(self, i: int) -> dict:
         if not 0 <= i < len(self):
             raise IndexError(i)

@@ -15,6 +15,7 @@ import math
 
 import torch
 from torch import nn
+from draftsmith.data import packing
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 
@@ -100,12 +101,14 @@ class DraftAttention(nn.Module):
         o = torch.nn.functional.scaled_dot_product_attention(q, self._expand(keys), self._expand(values), attn_mask=mask)
         return self._out(o)
 
-    def forward_ttt(self, x, cos, sin, step_kv: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    def forward_ttt(self, x, cos, sin, step_kv: list[tuple[torch.Tensor, torch.Tensor]],
+                    documents: torch.Tensor | None = None) -> torch.Tensor:
         """Training: unroll step t = len(step_kv) over n positions (EAGLE-3 TTT attention).
 
         step_kv holds (k, v) of the earlier steps; step 0's keys are the causal prefix,
         later steps contribute one key per position (the diagonal). This step's (k, v) is
-        appended to step_kv.
+        appended to step_kv. documents [b, >= n] (packed rows, data/packing.py): prefix keys
+        of another document are masked; chain keys share the query's position, hence its document.
         """
         q, k, v = self.project(x, cos, sin)
         step_kv.append((k, v))
@@ -114,7 +117,10 @@ class DraftAttention(nn.Module):
         # 1. causal scores against the step-0 keys (the real prefix)
         k0, v0 = (self._expand(t[:, :, :n]) for t in step_kv[0])
         prefix = torch.matmul(q, k0.transpose(-1, -2)) * scale  # [b, H, n, n]
-        causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+        if documents is None:
+            causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+        else:
+            causal = packing.same_document_causal(documents, n)  # [b, 1, n, n]
         prefix = prefix.masked_fill(~causal, float("-inf"))
         # 2. one score per earlier chain step s = 1..t at the same position (the diagonal)
         chain_v = [self._expand(sv[:, :, :n]) for _, sv in step_kv[1:]]
@@ -140,11 +146,11 @@ class DraftDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, attn_input, residual, cos, sin, cache: KVCache | None = None, step_kv=None):
+    def forward(self, attn_input, residual, cos, sin, cache: KVCache | None = None, step_kv=None, documents=None):
         if cache is not None:
             attn = self.self_attn.forward_cached(attn_input, cos, sin, cache)
         else:
-            attn = self.self_attn.forward_ttt(attn_input, cos, sin, step_kv)
+            attn = self.self_attn.forward_ttt(attn_input, cos, sin, step_kv, documents)
         hidden = residual + attn
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 

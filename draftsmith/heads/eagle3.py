@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+from draftsmith.data import packing
 from draftsmith.eval.sampling import logits_to_probs, sample
 from draftsmith.heads import DRAFTERS
 from draftsmith.heads.base import Draft, Drafter, StepOutput
@@ -105,13 +106,14 @@ class Eagle3Drafter(Drafter):
         return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
 
     # ------------------------------------------------------------------ one step
-    def step(self, token_ids, hidden, positions, cache: KVCache | None = None, step_kv=None):
-        """[b, n] tokens, [b, n, h] hidden, [b, n] positions -> [b, n, h] pre-norm output."""
+    def step(self, token_ids, hidden, positions, cache: KVCache | None = None, step_kv=None, documents=None):
+        """[b, n] tokens, [b, n, h] hidden, [b, n] positions -> [b, n, h] pre-norm output.
+        documents: [b, s] document ids of a packed batch (TTT attention stays inside a document)."""
         emb = self.embed_tokens[0](token_ids).to(hidden.dtype)  # [b, n] -> [b, n, h]
         layer = self.midlayer
         attn_input = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden)], dim=-1)  # -> [b, n, 2h]
         cos, sin = self.rotary(hidden, positions)
-        return layer(attn_input, hidden, cos, sin, cache=cache, step_kv=step_kv)
+        return layer(attn_input, hidden, cos, sin, cache=cache, step_kv=step_kv, documents=documents)
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(out))  # [b, n, h] -> [b, n, dv]
@@ -139,16 +141,17 @@ class Eagle3Drafter(Drafter):
         step_kv: list = []
         total = hidden.new_zeros((), dtype=torch.float32)
         metrics: dict[str, float] = {}
-        num_tokens = int(mask[:, 2:].sum())
+        num_tokens = int((mask[:, 2:] * packing.valid_labels(batch, 2, s - 1)).sum())  # packed: labels in j's document
         for t in range(self.cfg.ttt_steps):  # 3.
             n = s - 1 - t
             if n <= 0:
                 break
-            positions = (torch.arange(n, device=ids.device) + t).expand(b, n)
-            hidden = self.step(ids[:, 1 + t : 1 + t + n], hidden[:, :n], positions, step_kv=step_kv)
+            positions = packing.positions(batch, n) + t  # [b, n]
+            hidden = self.step(ids[:, 1 + t : 1 + t + n], hidden[:, :n], positions, step_kv=step_kv,
+                               documents=packing.document_ids_of(batch))
             logq = torch.log_softmax(self.logits(hidden).float(), dim=-1)  # [b, n, dv]
             p_t = p[:, 1 + t : 1 + t + n]
-            m = mask[:, 2 + t : 2 + t + n]
+            m = mask[:, 2 + t : 2 + t + n] * packing.valid_labels(batch, 2 + t, n)
             kl = (p_t * (torch.log(p_t.clamp_min(1e-20)) - logq)).sum(-1)  # 4. [b, n]
             total = total + (self.cfg.step_decay**t) * (kl * m).sum()
             with torch.no_grad():

@@ -118,6 +118,10 @@ class Trainer:
         drafter_cls = DRAFTERS.get(cfg.drafter.kind)
         options = config_mod.drafter_options(cfg)
         self.train_set, self.heldout, counts = load_data(cfg, self.target, drafter_cls, options, self.ctx)
+        if cfg.data.pack_length:  # several documents per row (counts above are per document, unchanged)
+            from draftsmith.data.packing import PackedDataset
+
+            self.train_set = PackedDataset(self.train_set, cfg.data.pack_length)
         self.drafter = drafter_cls.from_target(options, self.target, counts)
         if tc.init_from:
             checkpoint.load_weights(Path(tc.init_from), self.drafter)
