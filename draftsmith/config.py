@@ -121,6 +121,13 @@ class TrainConfig:
     # (for targets too large for one device; needs a multi-process backend).
     target_sharding: Literal["replicate", "fsdp2"] = "replicate"
     num_workers: int = 0
+    # Memory-lean training (docs/training-at-scale.md). TTT attention kernel of the EAGLE draft
+    # layer: "auto" = flex on CUDA, chunked on CPU; "eager" = the reference with full score tensors.
+    ttt_attention: Literal["auto", "eager", "chunked", "flex"] = "auto"
+    # Recompute each draft-layer TTT step in backward instead of keeping its activations.
+    gradient_checkpointing: bool = False
+    # torch.compile the drafter with this backend (null: off; "inductor" on GPU; "eager" traces only).
+    compile: Optional[Literal["inductor", "aot_eager", "eager"]] = None
 
 
 @dataclass

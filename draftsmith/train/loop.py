@@ -125,6 +125,11 @@ class Trainer:
         self.drafter = drafter_cls.from_target(options, self.target, counts)
         if tc.init_from:
             checkpoint.load_weights(Path(tc.init_from), self.drafter)
+        from draftsmith.heads import draft_layer
+
+        draft_layer.configure(self.drafter, tc.ttt_attention, tc.gradient_checkpointing)
+        if tc.compile:
+            self.drafter.compile(backend=tc.compile)  # in place: state_dict keys and wrappers unchanged
         self.required = set(self.drafter.required_features)
         self.layers = self.drafter.feature_layers()
         from draftsmith.data import BatchStream
@@ -181,15 +186,18 @@ class Trainer:
         return path
 
     # ------------------------------------------------------------------ one optimizer step
-    def _train_step(self) -> dict[str, float]:
+    def _train_step(self) -> dict:
+        """-> this step's metrics; values may be device tensors (read on the host at log steps only)."""
         tc = self.cfg.train
-        loss_sum = torch.zeros((), dtype=torch.float64)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         tokens = torch.zeros((), dtype=torch.float64)
         seen_tokens, t_target, t_drafter = 0, 0.0, 0.0
         sums: dict[str, float] = {}
         for micro in range(tc.grad_accum):  # 1.
             t0 = time.perf_counter()
-            batch = move(next(self.stream), self.ctx.device)
+            raw = next(self.stream)
+            seen_tokens += int(raw["attention_mask"].sum())  # counted on the host, before the copy
+            batch = move(raw, self.ctx.device)
             batch = features.complete(self.target, batch, self.required, self.layers)
             t1 = time.perf_counter()
             with self.ctx.accumulate(last=micro == tc.grad_accum - 1):  # ranks sync gradients on the last only
@@ -197,20 +205,23 @@ class Trainer:
                     out = self.model(batch)
                 self.ctx.backward(out.loss)
             t_target, t_drafter = t_target + t1 - t0, t_drafter + time.perf_counter() - t1
-            loss_sum += out.loss.detach().double().cpu()
+            loss_sum += out.loss.detach().double()  # stays on the device (no host sync per micro-batch)
             tokens += out.num_tokens
-            seen_tokens += int(batch["attention_mask"].sum())
-            for key, value in out.metrics.items():
-                sums[key] = sums.get(key, 0.0) + value / tc.grad_accum
+            for key, value in out.metrics.items():  # floats or device tensors, summed where they live
+                sums[key] = sums.get(key, 0.0) + (value.detach() if torch.is_tensor(value) else value) / tc.grad_accum
         seen = torch.tensor(float(seen_tokens), dtype=torch.float64)
-        totals = self.ctx.all_reduce_sum(torch.stack([loss_sum, tokens, seen]))  # 2.
+        if self.ctx.world_size > 1:  # 2. one collective; its result is needed on the host for the scaling
+            totals = self.ctx.all_reduce_sum(torch.stack([loss_sum.cpu(), tokens, seen]))
+            loss_total, global_tokens, global_seen = totals[0], float(totals[1]), float(totals[2])
+        else:  # single process: the counts are host numbers already, the loss stays on the device
+            loss_total, global_tokens, global_seen = loss_sum, float(tokens), float(seen)
         grad_norm = self.ctx.optimizer_step(self.optimizer, self.drafter.trainable_parameters(),  # 2. + 3.
-                                            float(totals[1]), tc.max_grad_norm)
+                                            global_tokens, tc.max_grad_norm)
         self.scheduler.step()
         elapsed = t_target + t_drafter
-        return {"loss": float(totals[0] / max(float(totals[1]), 1.0)), **sums, "lr": self.scheduler.get_last_lr()[0],
+        return {"loss": loss_total / max(global_tokens, 1.0), **sums, "lr": self.scheduler.get_last_lr()[0],
                 "grad_norm": grad_norm, "tokens_per_s": seen_tokens / max(elapsed, 1e-9),  # per device
-                "tokens_per_s_total": float(totals[2]) / max(elapsed, 1e-9),
+                "tokens_per_s_total": global_seen / max(elapsed, 1e-9),
                 "target_share": t_target / max(elapsed, 1e-9), "epoch": self.stream.epoch}
 
     @torch.no_grad()
@@ -243,15 +254,24 @@ class Trainer:
             self.logger.info(parallel.describe(self.ctx))
         self.drafter.train()
         metrics: dict = {}
+        pending: list[dict] = []  # steps whose metrics are still on the device
         self.logger.start_progress(self.total_steps, self.step)
         while self.step < self.total_steps:
-            metrics = self._train_step()
+            pending.append(self._train_step())
             self.step += 1
-            self.losses.append(metrics["loss"])
+            log_now = self.step % max(1, tc.log_every) == 0 or self.step == self.total_steps
+            save_now = tc.save_every and self.step % tc.save_every == 0
+            stop_now = stop_after is not None and self.step >= stop_after
+            metrics = {}
+            if log_now or save_now or stop_now:  # the one host read of these steps' metrics
+                host = to_host(pending)
+                pending = []
+                self.losses.extend(m["loss"] for m in host)
+                metrics = host[-1]
             self.logger.advance(metrics)
             if tc.eval_every and self.heldout is not None and len(self.heldout) and self.step % tc.eval_every == 0:
                 metrics.update(self.evaluate())
-            if self.step % max(1, tc.log_every) == 0 or self.step == self.total_steps:
+            if log_now:
                 self.logger.log(self.step, metrics)
             if tc.save_every and self.step % tc.save_every == 0 and self.step < self.total_steps:
                 self.save(f"{checkpoint.STEP_PREFIX}{self.step:07d}")
@@ -263,6 +283,13 @@ class Trainer:
         self.logger.info(f"final checkpoint: {final}")
         self.logger.close()
         return TrainResult(self.output_dir, final, list(self.losses), metrics, self.step)
+
+
+def to_host(steps: list[dict]) -> list[dict]:
+    """Metrics of several steps -> plain floats, with ONE device-to-host copy for all tensors."""
+    tensors = [v for m in steps for v in m.values() if torch.is_tensor(v)]
+    values = iter(torch.stack([t.detach().double().reshape(()) for t in tensors]).cpu().tolist() if tensors else [])
+    return [{k: next(values) if torch.is_tensor(v) else v for k, v in m.items()} for m in steps]
 
 
 def train(cfg, target=None, stop_after: int | None = None) -> TrainResult:

@@ -142,7 +142,7 @@ class ParallelContext:
 
     def optimizer_step(self, optimizer, params: list, global_tokens: float, max_grad_norm: float) -> float:
         """Turn accumulated gradients of loss sums into d(mean over global loss tokens), clip, step.
-        Returns the gradient norm before clipping."""
+        Returns the gradient norm before clipping (a tensor, or a float under DeepSpeed)."""
         scale = self.grad_scale(global_tokens)
         if self.backend == "deepspeed":
             engine = self.model
@@ -159,7 +159,7 @@ class ParallelContext:
             grad_norm = grad_norm.full_tensor()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(grad_norm)
+        return grad_norm.detach()  # a device tensor: the loop reads it at log steps only
 
     # ------------------------------------------------------------------ checkpoint states
     def model_state_dict(self, drafter: nn.Module) -> dict[str, torch.Tensor]:
