@@ -56,14 +56,13 @@ def test_flex_forward_equals_eager_on_cpu(steps, packed):
 
 def peak_bytes(impl, n):
     """Peak bytes allocated during forward + backward of one TTT step (t = 3) at n positions
-    (torch's MemTracker: every storage created by an op, freed when it dies)."""
-    from torch.distributed._tools.mem_tracker import MemTracker
+    (draftsmith.train.memory: every storage created by an op, freed when it dies)."""
+    from draftsmith.train.memory import PeakMemory
 
     q, kv, _ = inputs(b=1, heads=4, kv_heads=2, n=n, d=8, steps=4)
-    tracker = MemTracker()
-    with tracker:
+    with PeakMemory() as mem:
         ttt_attention(q, kv, None, 8 ** -0.5, impl, 64).sum().backward()
-    return tracker.get_tracker_snapshot("peak")[q.device]["Total"]
+    return mem.peak
 
 
 def test_chunked_peak_memory_is_linear_in_n():
