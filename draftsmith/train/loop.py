@@ -112,9 +112,14 @@ class Trainer:
         device = target_mod.resolve_device(cfg.target.device)
         self.ctx = parallel.setup(tc, device)
         seed_everything(tc.seed)
-        self.target = target or target_mod.from_config(cfg.target)
-        if tc.target_sharding == "fsdp2":
-            parallel.shard_target(self.ctx, self.target)
+        if target is None and tc.target_sharding == "fsdp2":  # meta-device load: no rank holds the whole target
+            from draftsmith.train.sharded_load import load_target_sharded
+
+            self.target = load_target_sharded(self.ctx, cfg.target)
+        else:
+            self.target = target or target_mod.from_config(cfg.target)
+            if tc.target_sharding == "fsdp2":
+                parallel.shard_target(self.ctx, self.target)
         drafter_cls = DRAFTERS.get(cfg.drafter.kind)
         options = config_mod.drafter_options(cfg)
         self.train_set, self.heldout, counts = load_data(cfg, self.target, drafter_cls, options, self.ctx)
