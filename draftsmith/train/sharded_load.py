@@ -6,8 +6,8 @@
 2. fully_shard every decoder layer (each its own FSDP2 unit), as parallel.shard_target does;
 3. to_empty: allocate only this rank's shard of every layer parameter (and the replicated
    embedding, final norm and lm_head, which the drafter uses outside the target's forward);
-4. read each parameter's rows for this rank from the safetensors files (get_slice, so the
-   file is never read whole), recreate the rotary buffers, re-tie tied embeddings;
+4. read each parameter's rows for this rank from the safetensors files (byte-range reads, no
+   mmap: the rest of the file never enters this process), recreate the rotary buffers, re-tie tied embeddings;
 5. the fingerprint is computed from the files with the same formula as Target.fingerprint.
 Peak memory per rank falls with world size (tests/distributed/test_meta_load.py measures it).
 """
@@ -35,29 +35,53 @@ def weight_files(path: Path) -> list[Path]:
                             "safetensors weights only (re-save the target with save_pretrained, or use replicate)")
 
 
+ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
+             "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+             "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+
+
 class _Weights:
-    """name -> lazily opened safetensors slice, over several files."""
+    """Tensors of safetensors files read by byte range with plain file reads: no mmap, so only the
+    rows a rank asks for ever enter its memory (the safetensors layout: 8-byte header length, JSON
+    header {name: {dtype, shape, data_offsets}}, then the data)."""
 
     def __init__(self, files: list[Path]):
-        from safetensors import safe_open
-
-        self.handles = [safe_open(str(f), framework="pt") for f in files]
-        self.where = {name: h for h in self.handles for name in h.keys()}
+        self.where: dict[str, tuple[Path, int, dict]] = {}
+        for f in files:
+            with open(f, "rb") as fh:
+                n = int.from_bytes(fh.read(8), "little")
+                header = json.loads(fh.read(n))
+            for name, info in header.items():
+                if name != "__metadata__":
+                    self.where[name] = (f, 8 + n, info)
 
     def has(self, name: str) -> bool:
         return name in self.where
 
-    def slice(self, name: str):
-        return self.where[name].get_slice(name)
+    def shape(self, name: str) -> list[int]:
+        return list(self.where[name][2]["shape"])
+
+    def rows(self, name: str, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """Rows [start, end) of tensor `name` (all of a 0-d or 1-d tensor's elements likewise)."""
+        path, base, info = self.where[name]
+        dtype, shape = ST_DTYPES[info["dtype"]], list(info["shape"])
+        if not shape:
+            shape = [1]
+        end = shape[0] if end is None else end
+        row = math.prod(shape[1:]) * torch.empty(0, dtype=dtype).element_size()
+        buf = bytearray((end - start) * row)
+        with open(path, "rb") as fh:
+            fh.seek(base + info["data_offsets"][0] + start * row)
+            fh.readinto(buf)
+        return torch.frombuffer(buf, dtype=dtype).view(end - start, *shape[1:]) if buf else torch.empty(0, dtype=dtype)
 
 
-def _first_values(sl, n: int = 4096) -> torch.Tensor:
+def _first_values(weights: "_Weights", name: str, n: int = 4096) -> torch.Tensor:
     """The first n values of a tensor in row-major order, reading only the rows that hold them."""
-    shape = sl.get_shape()
-    if not shape:
-        return sl[...].reshape(-1)
-    row = math.prod(shape[1:]) or 1
-    return sl[: math.ceil(n / row)].reshape(-1)[:n]
+    shape = weights.shape(name)
+    row = math.prod(shape[1:]) if len(shape) > 1 else 1
+    rows = min(shape[0] if shape else 1, math.ceil(n / row))
+    return weights.rows(name, 0, rows).reshape(-1)[:n]
 
 
 def _source_name(name: str, weights: _Weights, tied: bool) -> str:
@@ -77,7 +101,7 @@ def fingerprint(model, weights: _Weights, config) -> str:
     h.update(json.dumps(config.to_dict(), sort_keys=True, default=str).encode())
     for name, p in model.state_dict().items():
         h.update(f"{name}:{tuple(p.shape)}".encode())
-        values = _first_values(weights.slice(_source_name(name, weights, tied)))
+        values = _first_values(weights, _source_name(name, weights, tied))
         h.update(values.to(p.dtype).float().numpy().tobytes())
     return h.hexdigest()[:16]
 
@@ -91,16 +115,17 @@ def _load_local(model, weights: _Weights, tied: bool) -> None:
         for name, param in model.named_parameters():
             if tied and name.endswith("lm_head.weight"):
                 continue  # re-tied below
-            sl = weights.slice(_source_name(name, weights, tied))
+            source = _source_name(name, weights, tied)
             if isinstance(param, DTensor):
                 local = param.to_local()
                 shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
                 if local.numel() == 0:
                     continue
-                index = tuple(slice(o, o + s) for o, s in zip(offset, shape))
-                local.copy_(sl[index].to(local.dtype))  # only this rank's rows are read
+                if any(o != 0 for o in offset[1:]) or list(shape[1:]) != list(param.shape[1:]):
+                    raise ValueError(f"{name}: only row (dim-0) shards can be read from files, got {param.placements}")
+                local.copy_(weights.rows(source, offset[0], offset[0] + shape[0]).view(local.shape))  # this rank's rows
             else:
-                param.copy_(sl[:].to(param.dtype))
+                param.copy_(weights.rows(source).view(param.shape))
 
 
 def load_target_sharded(ctx, tcfg) -> target_mod.Target:

@@ -3,8 +3,8 @@
     torchrun --standalone --nproc-per-node N tests/distributed/meta_load_worker.py TARGET_DIR OUT.json MODE
 
 MODE replicate: target.load (every rank the whole model); fsdp2: sharded_load.load_target_sharded.
-Peak memory = the rise of this process's peak RSS (ru_maxrss) over the load and one forward (which
-touches every weight, also those a loader left memory-mapped), after all imports.
+Peak memory = the rise of this process's peak RSS (ru_maxrss) over the load and a read of every
+weight the rank holds (a loader may leave files memory-mapped until first use), after all imports.
 Rank 0 writes {"peaks": [bytes per rank], "fingerprint", "logits": [first values of a forward]}.
 """
 from __future__ import annotations
@@ -39,9 +39,12 @@ def main() -> None:
         target = target_mod.load(target_dir, "float32", "cpu")
     else:
         target = sharded_load.load_target_sharded(SimpleNamespace(device=torch.device("cpu")), tcfg)
-    ids = torch.arange(3, 19).view(1, -1)
-    logits = target.forward(ids).logits[0, :4, :8].flatten().tolist()  # touches every weight (mmapped files too)
+    touched = 0.0
+    for p in target.model.parameters():  # read every weight this rank holds (a loader may leave files mmapped)
+        touched += float((p.to_local() if hasattr(p, "to_local") else p).float().sum())
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    ids = torch.arange(3, 19).view(1, -1)
+    logits = target.forward(ids).logits[0, :4, :8].flatten().tolist()
     peaks = [None] * dist.get_world_size()
     dist.all_gather_object(peaks, peak)
     if dist.get_rank() == 0:
