@@ -245,6 +245,7 @@ class Trainer:
             for key, value in out.metrics.items():
                 sums[key] = sums.get(key, 0.0) + value
         self.drafter.train()
+        sums = to_host([sums])[0]  # metrics may be device tensors
         return {"eval_loss": loss / max(tokens, 1), **{f"eval_{k}": v / max(n, 1) for k, v in sums.items()}}
 
     # ------------------------------------------------------------------ the loop
