@@ -26,14 +26,14 @@ from draftsmith.eval.proposers import ReplayProposer
 from draftsmith.target import Target
 
 
-def build_target(layers: int, hidden: int, vocab: int, seed: int = 0) -> Target:
+def build_target(layers: int, hidden: int, vocab: int, seed: int = 0, device: str = "cpu") -> Target:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=int(hidden * 2.75), num_hidden_layers=layers,
                       num_attention_heads=hidden // 64, num_key_value_heads=hidden // 64, max_position_embeddings=2048,
                       tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    model = LlamaForCausalLM(cfg).to(device=device, dtype=torch.bfloat16).eval()
     return Target(model, SimpleNamespace(eos_token_id=None), name=f"random-llama-{layers}x{hidden}-bf16")
 
 
@@ -51,8 +51,11 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (scripts/device_check.sh uses cuda)")
+    ap.add_argument("--json", default=None, help="also write the rows as JSON to this file")
     args = ap.parse_args()
-    t = build_target(args.layers, args.hidden, args.vocab)
+    t = build_target(args.layers, args.hidden, args.vocab, device=args.device)
+    rows = []
     n_params = sum(p.numel() for p in t.model.parameters())
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, args.vocab, (args.prompt_len,), generator=gen) for _ in range(args.prompts)]
@@ -88,6 +91,13 @@ def main() -> None:
             measured = statistics.median(speedups)
             print(f"{k:>2} {miss:>5.2f} {tau:>5.2f} {t_step * 1e3:>9.1f} {t_ver * 1e3:>11.1f} {t_draft * 1e3:>10.2f} "
                   f"{sum(overheads) / sum(totals):>14.3f} {predicted:>9.2f} {measured:>8.2f} {measured / predicted:>10.2f}")
+            rows.append({"k": k, "miss": miss, "tau": tau, "t_step_ms": t_step * 1e3, "t_verify_ms": t_ver * 1e3,
+                         "predicted": predicted, "measured": measured, "params": n_params, "device": args.device})
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,9 @@ class DataConfig:
     # Heldout rows are the FIRST eval_samples; order: a seeded shuffle buffer of this many rows.
     streaming: bool = False
     shuffle_buffer: int = 1024
+    # Sequence packing: several documents per training row of at most this many tokens, each with
+    # its own positions and no attention across documents (data/packing.py); None: one per row.
+    pack_length: Optional[int] = None
 
 
 @dataclass
@@ -79,8 +82,9 @@ class FeaturesConfig:
     mode: Literal["online", "offline"] = "online"
     # Where the offline feature cache lives (written by `draftsmith prepare --features`).
     cache_dir: Optional[str] = None
-    # Storage dtype of cached hidden states.
-    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    # Storage dtype of cached hidden states; int8 / fp8 (e4m3) keep one scale per token and target
+    # layer and take about half of bf16's bytes (`draftsmith prepare RECIPE --dry-run` predicts the size).
+    dtype: Literal["bfloat16", "float16", "float32", "int8", "fp8"] = "bfloat16"
     # Rows per safetensors shard in the cache.
     shard_rows: int = 256
     # Rows per target forward while building the cache (memory vs speed; results are per row).
@@ -126,6 +130,13 @@ class TrainConfig:
     # (for targets too large for one device; needs a multi-process backend).
     target_sharding: Literal["replicate", "fsdp2"] = "replicate"
     num_workers: int = 0
+    # Memory-lean training (docs/training-at-scale.md). TTT attention kernel of the EAGLE draft
+    # layer: "auto" = flex on CUDA, chunked on CPU; "eager" = the reference with full score tensors.
+    ttt_attention: Literal["auto", "eager", "chunked", "flex"] = "auto"
+    # Recompute each draft-layer TTT step in backward instead of keeping its activations.
+    gradient_checkpointing: bool = False
+    # torch.compile the drafter with this backend (null: off; "inductor" on GPU; "eager" traces only).
+    compile: Optional[Literal["inductor", "aot_eager", "eager"]] = None
 
 
 @dataclass
@@ -366,6 +377,9 @@ def _semantic_checks(cfg: RecipeConfig) -> list[str]:
         problems.append("features.cache_dir: required when features.mode is offline")
     if cfg.data.max_length < 8:
         problems.append("data.max_length: must be >= 8 tokens")
+    if cfg.data.pack_length is not None and cfg.data.pack_length < cfg.data.max_length:
+        problems.append(f"data.pack_length: {cfg.data.pack_length} is below data.max_length ({cfg.data.max_length}); "
+                        "raise it to at least max_length (e.g. 4 * max_length) or set it to null")
     return problems
 
 

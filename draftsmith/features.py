@@ -14,9 +14,10 @@ HIDDEN_FEATURES = ("aux_hidden_states", "last_hidden_state")
 
 
 def compute(target, input_ids: torch.Tensor, attention_mask: torch.Tensor, required: set[str],
-            layers: list[int]) -> dict[str, torch.Tensor]:
-    """One target forward -> the features in `required` (input ids/masks are not included)."""
-    out = target.forward(input_ids, attention_mask=attention_mask)
+            layers: list[int], position_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """One target forward -> the features in `required` (input ids/masks are not included).
+    attention_mask is [b, s] (padding) or, for packed rows, the 4D bias of data.packing."""
+    out = target.forward(input_ids, attention_mask=attention_mask, position_ids=position_ids)
     feats: dict[str, torch.Tensor] = {}
     if "aux_hidden_states" in required:
         feats["aux_hidden_states"] = torch.cat([out.hidden_states[i] for i in layers], dim=-1)  # n x [b,s,h] -> [b,s,n*h]
@@ -57,5 +58,8 @@ def complete(target, batch: dict[str, torch.Tensor], required: set[str], layers:
         return batch
     if missing <= {"target_logits"} and "last_hidden_state" in batch:
         return {**batch, "target_logits": logits_from_hidden(target, batch["last_hidden_state"])}
-    feats = compute(target, batch["input_ids"], batch["attention_mask"], missing, layers)
+    from draftsmith.data import packing
+
+    inputs = packing.model_inputs(batch, target.dtype)  # packed rows: block-diagonal mask, per-document positions
+    feats = compute(target, batch["input_ids"], inputs["attention_mask"], missing, layers, inputs.get("position_ids"))
     return {**batch, **{k: v for k, v in feats.items() if k not in batch}}

@@ -6,6 +6,7 @@ feature cache.
     draftsmith prepare recipe.yaml --limit 100                             # only the first 100 input rows
     draftsmith prepare recipe.yaml regenerate.generator=openai regenerate.endpoint=https://HOST/v1 \
         --api-key-env MY_KEY                                               # the server's key from $MY_KEY
+    draftsmith prepare recipe.yaml --dry-run                               # predict the feature cache size
 
 Regeneration runs when regenerate.output is set; it reads data.path and writes regenerate.output
 (resumable; rerun the same command after an interruption). --features then builds the cache for
@@ -28,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key-env", default=None, metavar="NAME",
                         help="regenerate.generator=openai: the environment variable holding the server's API key "
                              "(default: DRAFTSMITH_API_KEY when set, else no key)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="tokenize the data and predict the feature cache size per storage dtype; build nothing")
 
 
 def run_regenerate(cfg, target=None, limit=None, log=print, api_key_env=None):
@@ -97,8 +100,59 @@ def run_features(cfg, target=None, layers=None, required=None, log=print) -> dic
     return manifest
 
 
+class _TargetShape:
+    """What predicting a cache needs from a target: its config and tokenizer, not its weights."""
+
+    def __init__(self, cfg):
+        from transformers import AutoConfig
+
+        from draftsmith.target import resolve_path
+
+        path = resolve_path(cfg.target.path)
+        self.config = AutoConfig.from_pretrained(path, revision=cfg.target.revision,
+                                                 trust_remote_code=cfg.target.trust_remote_code)
+        self.tokenizer = _load_tokenizer(cfg)
+        self.num_layers, self.hidden_size = self.config.num_hidden_layers, self.config.hidden_size
+        self.vocab_size = self.config.vocab_size
+
+
+def predict_cache(cfg, log=print) -> dict:
+    """Tokenize the data training reads and predict the offline cache's size for every storage dtype
+    (no target weights are loaded). -> {"tokens", "rows", "features", "layers", "bytes": {dtype: {...}}}."""
+    from draftsmith.data import dataset as ds
+    from draftsmith.data import feature_cache
+    from draftsmith.heads import DRAFTERS
+
+    shape = _TargetShape(cfg)
+    import os
+
+    data_cfg = cfg.data
+    if cfg.regenerate.output and not os.path.exists(cfg.regenerate.output):
+        log(f"regenerate.output {cfg.regenerate.output} is not built yet: predicting from data.path's answers "
+            "(regenerated answers differ in length, so this is an estimate)")
+    else:
+        data_cfg = ds.training_data_config(cfg)
+    train, heldout, report = ds.build_dataset(data_cfg, shape.tokenizer)
+    cls = DRAFTERS.get(cfg.drafter.kind)
+    layers = list(cls.feature_layers_for(config_mod.drafter_options(cfg), shape))
+    features = feature_cache.cache_features(cls.required_features)
+    tokens, rows = train.num_tokens + heldout.num_tokens, len(train) + len(heldout)
+    out = {"tokens": tokens, "rows": rows, "features": features, "layers": layers, "bytes": {}}
+    log(f"feature cache prediction for {cfg.name}: {rows} rows, {tokens} tokens, features {features}, "
+        f"layers {layers}, hidden {shape.hidden_size}")
+    for dtype in ("float32", "bfloat16", "fp8", "int8"):
+        pred = feature_cache.predict_bytes(tokens, rows, features, len(layers), shape.hidden_size, dtype)
+        out["bytes"][dtype] = pred
+        mark = "  <- features.dtype" if feature_cache.DTYPES[dtype] == feature_cache.DTYPES[cfg.features.dtype] else ""
+        log(f"  {dtype:>9}: {pred['per_token']:>8,} bytes/token  {pred['total'] / 2**20:>12,.1f} MiB{mark}")
+    return out
+
+
 def main(args) -> int:
     cfg = config_mod.load(args.recipe, args.overrides)
+    if args.dry_run:
+        predict_cache(cfg)
+        return 0
     if not cfg.regenerate.output and not args.features:
         print("draftsmith prepare: nothing to do; set regenerate.output=FILE to regenerate answers "
               "and/or pass --features to build the feature cache", file=sys.stderr)

@@ -176,7 +176,7 @@ def collate(items: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad a list of items -> {"input_ids", "attention_mask", "loss_mask", ...} each [b, s, ...].
 
     Every other tensor whose first dim is the sequence (e.g. cached aux_hidden_states [s, n*h])
-    is padded with zeros; non-tensor keys (such as "id") are dropped.
+    is padded with zeros (document_ids of packed rows with -1); non-tensor keys ("id") are dropped.
     """
     lengths = [len(it["input_ids"]) for it in items]
     s = max(lengths)
@@ -184,7 +184,7 @@ def collate(items: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     keys = [k for k, v in items[0].items() if isinstance(v, torch.Tensor)]
     for key in keys:
         first = items[0][key]
-        fill = pad_id if key == "input_ids" else 0
+        fill = pad_id if key == "input_ids" else -1 if key == "document_ids" else 0
         batch = torch.full((len(items), s, *first.shape[1:]), fill, dtype=first.dtype)  # [b, s, ...]
         for b, it in enumerate(items):
             batch[b, : lengths[b]] = it[key]

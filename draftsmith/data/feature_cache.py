@@ -9,6 +9,11 @@ Layout of cache_dir:
 Resumable: shards listed in the manifest are kept; each shard is written to a temporary file
 and moved into place with os.replace, then the manifest is rewritten (also atomically).
 target_logits are not stored: features.complete() recomputes them from last_hidden_state.
+
+Compact caches (features.dtype int8 or fp8): each feature is stored quantised with one scale per
+token and per target layer ("{row}/{name}" int8 / float8_e4m3fn [s, n*h], "{row}/{name}.scale"
+fp32 [s, n]: absmax / 127 or / 448), about half of bf16's bytes; rows are dequantised to bf16 on
+read. `predict_bytes` gives a cache's size before it is built (`draftsmith prepare --dry-run`).
 """
 from __future__ import annotations
 
@@ -28,7 +33,38 @@ from draftsmith.data.dataset import collate
 FORMAT_VERSION = 1
 CACHEABLE = ("aux_hidden_states", "last_hidden_state")
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-          "float32": torch.float32, "fp32": torch.float32}
+          "float32": torch.float32, "fp32": torch.float32, "int8": torch.int8, "fp8": torch.float8_e4m3fn,
+          "float8_e4m3fn": torch.float8_e4m3fn}
+QMAX = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}  # quantised dtypes: the largest stored magnitude
+ROW_BYTES = 4 + 1  # input_ids int32 + loss_mask uint8 per token
+
+
+def quantize(x: torch.Tensor, dtype: torch.dtype, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[s, n*block] -> (q [s, n*block] in dtype, scale [s, n] fp32): one absmax scale per token and block."""
+    s = x.shape[0]
+    xb = x.float().reshape(s, -1, block)  # [s, n*h] -> [s, n, h]
+    scale = (xb.abs().amax(-1) / QMAX[dtype]).clamp_min(1e-12)  # [s, n]
+    y = xb / scale[..., None]
+    q = y.round().clamp(-127, 127).to(dtype) if dtype == torch.int8 else y.to(dtype)
+    return q.reshape(s, -1), scale
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, out_dtype=torch.bfloat16) -> torch.Tensor:
+    """(q [s, n*h], scale [s, n]) -> [s, n*h] in out_dtype."""
+    s, n = scale.shape
+    return (q.float().reshape(s, n, -1) * scale[..., None]).reshape(s, -1).to(out_dtype)
+
+
+def predict_bytes(tokens: int, rows: int, features: list[str], num_aux_layers: int, hidden: int, dtype: str) -> dict:
+    """Bytes a cache of `rows` rows and `tokens` tokens will take (tensor payload, which dominates;
+    safetensors headers add ~100 bytes per row and tensor). -> {"per_token": ..., "total": ...}."""
+    t = DTYPES[dtype]
+    elem = torch.empty(0, dtype=t).element_size()
+    per_token = ROW_BYTES
+    for name in features:
+        blocks = num_aux_layers if name == "aux_hidden_states" else 1
+        per_token += blocks * hidden * elem + (blocks * 4 if t in QMAX else 0)
+    return {"per_token": per_token, "total": per_token * tokens + 100 * rows * (2 + 2 * len(features))}
 REBUILD = "rebuild it with `draftsmith prepare recipe.yaml --features` (or point features.cache_dir elsewhere)"
 
 
@@ -80,7 +116,12 @@ def _shard_tensors(target, dataset, start: int, end: int, layers, dtype, feature
             out[f"{row}/input_ids"] = item["input_ids"].to(torch.int32)
             out[f"{row}/loss_mask"] = item["loss_mask"].to(torch.uint8)
             for name in features:
-                out[f"{row}/{name}"] = f[name][b, :n].to("cpu", DTYPES[dtype]).contiguous()  # [s_pad, d] -> [s, d]
+                x = f[name][b, :n].to("cpu")  # [s_pad, d] -> [s, d]
+                if DTYPES[dtype] in QMAX:
+                    q, scale = quantize(x, DTYPES[dtype], target.hidden_size)
+                    out[f"{row}/{name}"], out[f"{row}/{name}.scale"] = q.contiguous(), scale.contiguous()
+                else:
+                    out[f"{row}/{name}"] = x.to(DTYPES[dtype]).contiguous()
     return out
 
 
@@ -148,6 +189,17 @@ class CachedDataset(torch.utils.data.Dataset):
     def subset(self, start: int, end: int) -> "CachedDataset":
         return CachedDataset(self.root, self.manifest, self.start + start, self.start + end)
 
+    def lengths(self) -> list[int]:
+        """Token count of every row (from the manifest-listed shards, without reading features)."""
+        out = []
+        for i in range(len(self)):
+            row = self.start + i
+            file = self._shard_of[row]
+            if file not in self._handles:
+                self._handles[file] = safe_open(str(self.root / file), framework="pt")
+            out.append(self._handles[file].get_slice(f"{row}/input_ids").get_shape()[0])
+        return out
+
     def __getitem__(self, i: int) -> dict:
         if not 0 <= i < len(self):
             raise IndexError(i)
@@ -158,8 +210,11 @@ class CachedDataset(torch.utils.data.Dataset):
         h = self._handles[file]
         item = {"input_ids": h.get_tensor(f"{row}/input_ids").long(), "loss_mask": h.get_tensor(f"{row}/loss_mask").long(),
                 "id": f"cache:{row}"}
+        quantized = DTYPES[self.manifest["dtype"]] in QMAX
         for name in self.manifest["features"]:
             item[name] = h.get_tensor(f"{row}/{name}")
+            if quantized:
+                item[name] = dequantize(item[name], h.get_tensor(f"{row}/{name}.scale"))
         return item
 
 

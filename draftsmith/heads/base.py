@@ -25,7 +25,8 @@ class StepOutput:
     # Scalar, differentiable: the SUM of the per-token loss over this micro-batch's loss tokens;
     # the training loop divides by the global token count (all micro-batches, all ranks).
     loss: torch.Tensor
-    # Plain floats for logging: per-position (TTT step / head) accuracy under "acc_{i}".
+    # For logging: per-position (TTT step / head) accuracy under "acc_{i}". Floats, or detached 0-d
+    # tensors left on the device (the loop reads those once per log step: no per-step host sync).
     metrics: dict[str, float] = field(default_factory=dict)
     # Number of loss tokens in this micro-batch (for global normalisation across ranks).
     num_tokens: int = 0

@@ -27,6 +27,7 @@ from typing import Any, Literal, Optional, Union
 
 import torch
 
+from draftsmith.data import packing
 from draftsmith.eval.sampling import SamplingParams, logits_to_probs, sample
 from draftsmith.heads import DRAFTERS, divergences
 from draftsmith.heads.base import Drafter, StepOutput, range_problems
@@ -155,16 +156,22 @@ class DraftLMDrafter(Drafter):
         """
         b = batch["input_ids"].shape[0]
         on = torch.zeros(b, dtype=torch.bool)
+        row_keys = ("input_ids", "attention_mask", "loss_mask", *(k for k in packing.PACKED_KEYS if k in batch))
+        if self.training and self.cfg.on_policy_fraction > 0 and "document_ids" in batch:
+            raise ValueError("drafter.on_policy_fraction > 0 samples one answer per row and cannot run on packed rows; "
+                             "set data.pack_length to null (no packing) or on_policy_fraction to 0")
         if self.training and self.cfg.on_policy_fraction > 0:  # 1.
             on = torch.rand(b) < self.cfg.on_policy_fraction
         parts = []
         if (~on).any():
             rows = (~on).nonzero().flatten().to(batch["input_ids"].device)
-            part = {k: batch[k][rows] for k in ("input_ids", "attention_mask", "loss_mask")}
+            part = {k: batch[k][rows] for k in row_keys}
             if "target_logits" in batch:
                 part["target_logits"] = batch["target_logits"][rows]
             else:  # fully on-policy runs skip the loop's target forward; evaluation scores the rows here
-                part["target_logits"] = self.target.forward(part["input_ids"], part["attention_mask"]).logits
+                inputs = packing.model_inputs(part, self.target.dtype)
+                part["target_logits"] = self.target.forward(part["input_ids"], inputs["attention_mask"],
+                                                            position_ids=inputs.get("position_ids")).logits
             parts.append(part)
         if on.any():  # 2.
             rows = on.nonzero().flatten().to(batch["input_ids"].device)
@@ -180,8 +187,9 @@ class DraftLMDrafter(Drafter):
     def _divergence_sum(self, part: dict) -> tuple[torch.Tensor, int, float, float]:
         """-> (divergence summed over loss positions, their count, sum of alpha, top-1 hits)."""
         ids, attention = part["input_ids"], part["attention_mask"]
-        sel = (part["loss_mask"] * attention)[:, 1:].bool()  # [b, s-1]: position j predicts token j+1
-        logits = self.lm(input_ids=ids, attention_mask=attention).logits  # [b, s] -> [b, s, V_d]
+        sel = (part["loss_mask"] * attention)[:, 1:] * packing.valid_labels(part, 1, ids.shape[1] - 1)
+        sel = sel.bool()  # [b, s-1]: position j predicts token j+1 (in j's document when packed)
+        logits = self.lm(input_ids=ids, **packing.model_inputs(part, self.lm.dtype)).logits  # [b, s] -> [b, s, V_d]
         vc, t = self.common_vocab, self.cfg.temperature
         draft = logits[:, :-1][sel][:, :vc].float()  # [b, s-1, V_d] -> [n, Vc]
         target = part["target_logits"][:, :-1][sel][:, :vc].float()  # [b, s-1, V] -> [n, Vc]

@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from draftsmith.data import packing
 from draftsmith.eval.sampling import logits_to_probs, sample
 from draftsmith.heads import DRAFTERS
 from draftsmith.heads.base import Draft, Drafter, StepOutput, range_problems
@@ -76,13 +77,14 @@ class Eagle1Drafter(Drafter):
         return cls(cfg, layer_cfg, target.embed_tokens, target.lm_head).to(device=target.device)
 
     # ------------------------------------------------------------------ one step
-    def step(self, token_ids, features, positions, cache: KVCache | None = None) -> torch.Tensor:
-        """[b, n] tokens x_{j+1}, [b, n, h] features f_j, [b, n] positions -> [b, n, h] predicted f_{j+1}."""
+    def step(self, token_ids, features, positions, cache: KVCache | None = None, documents=None) -> torch.Tensor:
+        """[b, n] tokens x_{j+1}, [b, n, h] features f_j, [b, n] positions -> [b, n, h] predicted f_{j+1}.
+        documents: [b, s] document ids of a packed batch (attention stays inside a document)."""
         dtype = self.fc.weight.dtype
         emb = self.embed_tokens[0](token_ids).to(dtype)  # [b, n] -> [b, n, h]
         x = self.fc(torch.cat([emb, features.to(dtype)], dim=-1))  # [b, n, 2h] -> [b, n, h]
         cos, sin = self.rotary(x, positions)
-        return self.layers[0](x, x, cos, sin, cache=cache, step_kv=None if cache is not None else [])
+        return self.layers[0](x, x, cos, sin, cache=cache, step_kv=None if cache is not None else [], documents=documents)
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         head = self.lm_head[0]
@@ -105,12 +107,12 @@ class Eagle1Drafter(Drafter):
         n = s - 1
         mask = (batch["loss_mask"] * batch["attention_mask"]).float()
         mask = torch.cat([mask, mask.new_zeros(b, 1)], dim=1)[:, 2 : 2 + n]  # [b, s] -> [b, n]: x_{j+2} in the mask
+        mask = mask * packing.valid_labels(batch, 2, n)  # packed rows: x_{j+2} in j's document
         feats = batch["last_hidden_state"].float()
         inputs = feats[:, :n]
         if self.training and self.cfg.noise_range > 0:  # 1.
             inputs = inputs + (torch.rand_like(inputs) - 0.5) * self.cfg.noise_range
-        positions = torch.arange(n, device=ids.device).expand(b, n)
-        pred = self.step(ids[:, 1 : 1 + n], inputs, positions)  # 2. [b, n, h]
+        pred = self.step(ids[:, 1 : 1 + n], inputs, packing.positions(batch, n), documents=packing.document_ids_of(batch))  # 2. [b, n, h]
         reg = nn.functional.smooth_l1_loss(pred.float(), feats[:, 1 : 1 + n], reduction="none").mean(-1)  # 3. [b, n]
         logq = torch.log_softmax(self.logits(pred).float(), -1)  # [b, n, V]
         logp = torch.log_softmax(batch["target_logits"][:, 1 : 1 + n].float(), -1)

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+from draftsmith.data import packing
 from draftsmith.eval.sampling import logits_to_probs, sample
 from draftsmith.heads import DRAFTERS
 from draftsmith.heads.base import Draft, Drafter, StepOutput, range_problems
@@ -81,30 +82,15 @@ class Eagle3Drafter(Drafter):
         feature_noise: float = 0.0
 
         def problems(self) -> list[str]:
-            out = []
-            if self.ttt_steps < 1:
-                out.append(f"drafter.ttt_steps must be >= 1, got {self.ttt_steps}")
-            if not 0.0 < self.step_decay <= 1.0:
-                out.append(f"drafter.step_decay must lie in (0, 1], got {self.step_decay}")
-            if not 0.0 <= self.hard_label_weight <= 1.0:
-                out.append(f"drafter.hard_label_weight must lie in [0, 1], got {self.hard_label_weight}")
-            if self.draft_vocab_size is not None and self.draft_vocab_size < 2:
-                out.append(f"drafter.draft_vocab_size must be >= 2, got {self.draft_vocab_size}")
-            if self.init_std is not None and self.init_std <= 0:
-                out.append(f"drafter.init_std must be > 0 (or null for torch's default), got {self.init_std}")
-            if self.feature_noise < 0:
-                out.append(f"drafter.feature_noise must be >= 0, got {self.feature_noise}")
-            if self.freeze_lm_head and self.lm_head_init != "target":
-                out.append("drafter.freeze_lm_head needs drafter.lm_head_init=target (a frozen random head learns nothing)")
-            return out
-
-        def problems(self) -> list[str]:
             """Ranges `config.load` and `draftsmith validate` report (one message per bad option)."""
-            out = range_problems(self, {"ttt_steps": ">= 1", "step_decay": "> 0", "draft_vocab_size": ">= 1",
+            out = range_problems(self, {"ttt_steps": ">= 1", "step_decay": "> 0 and <= 1", "draft_vocab_size": ">= 2",
                                         "num_heads": ">= 1", "num_kv_heads": ">= 1", "intermediate_size": ">= 1",
-                                        "aux_layer_ids": ">= 0"})
+                                        "aux_layer_ids": ">= 0", "hard_label_weight": ">= 0 and <= 1",
+                                        "init_std": "> 0", "feature_noise": ">= 0"})
             if self.aux_layer_ids is not None and not self.aux_layer_ids:
                 out.append("drafter.aux_layer_ids: give at least one target layer id (or null for low/mid/high)")
+            if self.freeze_lm_head and self.lm_head_init != "target":
+                out.append("drafter.freeze_lm_head needs drafter.lm_head_init=target (a frozen random head learns nothing)")
             return out
 
     def __init__(self, cfg: "Eagle3Drafter.Config", layer_config, aux_layer_ids: list[int], draft_vocab_size: int,
@@ -175,15 +161,16 @@ class Eagle3Drafter(Drafter):
             aux = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
         return self.fc(aux)  # [b, s, n*h] -> [b, s, h]
 
-    def step(self, token_ids, hidden, positions, cache: KVCache | None = None, step_kv=None):
-        """[b, n] tokens, [b, n, h] state, [b, n] positions -> [b, n, h] the state the next step reads."""
+    def step(self, token_ids, hidden, positions, cache: KVCache | None = None, step_kv=None, documents=None):
+        """[b, n] tokens, [b, n, h] state, [b, n] positions -> [b, n, h] the state the next step reads.
+        documents: [b, s] document ids of a packed batch (TTT attention stays inside a document)."""
         emb = self.embed_tokens[0](token_ids).to(hidden.dtype)  # [b, n] -> [b, n, h]
         layer = self.midlayer
         normed = layer.hidden_norm(hidden)
         attn_input = torch.cat([layer.input_layernorm(emb), normed], dim=-1)  # -> [b, n, 2h]
         residual = normed if self.cfg.norm_before_residual else hidden
         cos, sin = self.rotary(hidden, positions)
-        out = layer(attn_input, residual, cos, sin, cache=cache, step_kv=step_kv)
+        out = layer(attn_input, residual, cos, sin, cache=cache, step_kv=step_kv, documents=documents)
         return self.norm(out) if self.cfg.norm_output else out
 
     def logits(self, state: torch.Tensor) -> torch.Tensor:
@@ -209,8 +196,9 @@ class Eagle3Drafter(Drafter):
             n = s - 1 - t
             if n <= 0:
                 break
-            positions = (torch.arange(n, device=ids.device) + t).expand(b, n)
-            hidden = self.step(ids[:, 1 + t : 1 + t + n], hidden[:, :n], positions, step_kv=step_kv)
+            positions = packing.positions(batch, n) + t  # [b, n] (per document when packed)
+            hidden = self.step(ids[:, 1 + t : 1 + t + n], hidden[:, :n], positions, step_kv=step_kv,
+                               documents=packing.document_ids_of(batch))
             yield t, self.logits(hidden)
 
     def forward_loss(self, batch) -> StepOutput:
@@ -239,11 +227,11 @@ class Eagle3Drafter(Drafter):
             mask[:, 1:] = mask[:, 1:] * in_vocab.float()  # mask[i + 1] is the label at position i
         total = label_logits.new_zeros(())
         sums: dict[str, torch.Tensor] = {}
-        num_tokens = int(mask[:, 2:].sum())
+        num_tokens = int((mask[:, 2:] * packing.valid_labels(batch, 2, s - 1)).sum())  # packed: labels in j's document
         for t, logits in self.unroll(batch):  # 2.
             n = logits.shape[1]
             logq = torch.log_softmax(logits.float(), dim=-1)  # [b, n, dv]
-            m = mask[:, 2 + t : 2 + t + n]
+            m = mask[:, 2 + t : 2 + t + n] * packing.valid_labels(batch, 2 + t, n)
             lp = logp[:, 1 + t : 1 + t + n]
             loss = (lp.exp() * (lp - logq)).sum(-1)  # 3. forward KL [b, n]
             if cfg.hard_label_weight > 0:

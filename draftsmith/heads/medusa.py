@@ -33,6 +33,7 @@ from typing import Literal, Optional
 import torch
 from torch import nn
 
+from draftsmith.data import packing
 from draftsmith.eval.sampling import logits_to_probs, sample
 from draftsmith.heads import DRAFTERS
 from draftsmith.heads.base import Draft, Drafter, StepOutput, range_problems
@@ -165,9 +166,10 @@ class MedusaDrafter(Drafter):
         KL(p_frozen || p_adapted) summed over positions whose next token is a loss token."""
         if not self.adapted:
             return batch["last_hidden_state"], torch.zeros((), device=batch["input_ids"].device)
-        out = self.adapted[0](input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                              output_hidden_states=True)
+        inputs = packing.model_inputs(batch, self.adapted[0].dtype)  # packed rows: block-diagonal mask
+        out = self.adapted[0](input_ids=batch["input_ids"], output_hidden_states=True, **inputs)
         m = (batch["loss_mask"] * batch["attention_mask"]).float()[:, 1:]  # position j predicts x_{j+1}
+        m = m * packing.valid_labels(batch, 1, m.shape[1])
         logp = torch.log_softmax(batch["target_logits"][:, :-1].float(), -1)  # [b, s-1, V]
         logq = torch.log_softmax(out.logits[:, :-1].float(), -1)
         kl = (logp.exp() * (logp - logq)).sum(-1)  # [b, s-1]
@@ -197,7 +199,7 @@ class MedusaDrafter(Drafter):
                 break
             logq = torch.log_softmax(logits[:, :n].float(), -1)  # [b, n, V]
             p_logits = target_logits[:, 1 + i : 1 + i + n]
-            m = mask[:, 2 + i : 2 + i + n]
+            m = mask[:, 2 + i : 2 + i + n] * packing.valid_labels(batch, 2 + i, n)  # packed: label in j's document
             labels = ids[:, 2 + i : 2 + i + n] if self.cfg.loss == "ce_data" else p_logits.argmax(-1)
             if self.cfg.loss == "kl":
                 logp = torch.log_softmax(p_logits, -1)
@@ -210,7 +212,8 @@ class MedusaDrafter(Drafter):
                 metrics[f"acc_{i}"] = float(((logq.argmax(-1) == labels).float() * m).sum() / denom)
                 metrics[f"loss_{i}"] = float((per * m).sum() / denom)
                 weights[f"acc_{i}"] = weights[f"loss_{i}"] = float(m.sum())  # pooled by tokens
-        return StepOutput(loss=total, metrics=metrics, weights=weights, num_tokens=int(mask[:, 2:].sum()))
+        return StepOutput(loss=total, metrics=metrics, weights=weights,
+                          num_tokens=int((mask[:, 2:] * packing.valid_labels(batch, 2, s - 2)).sum()))
 
     # ------------------------------------------------------------------ export and inference
     def state_dict_for_export(self) -> dict[str, torch.Tensor]:

@@ -28,6 +28,7 @@ from typing import Literal, Optional
 import torch
 from torch import nn
 
+from draftsmith.data import packing
 from draftsmith.eval.sampling import logits_to_probs, sample
 from draftsmith.heads import DRAFTERS
 from draftsmith.heads.base import Draft, Drafter, StepOutput, range_problems
@@ -149,7 +150,7 @@ class MLPSpeculatorDrafter(Drafter):
             if n <= 0:
                 break
             labels = ids[:, 2 + i : 2 + i + n] if greedy is None else greedy[:, 1 + i : 1 + i + n]  # 2.
-            m = mask[:, 2 + i : 2 + i + n]
+            m = mask[:, 2 + i : 2 + i + n] * packing.valid_labels(batch, 2 + i, n)  # packed: label in j's document
             logq = torch.log_softmax(logits[:, :n].float(), -1)  # [b, n, V]
             per = -logq.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # [b, n]
             total = total + (self.cfg.stage_decay**i) * (per * m).sum()  # 3.
@@ -158,7 +159,9 @@ class MLPSpeculatorDrafter(Drafter):
                 metrics[f"acc_{i}"] = float(((logq.argmax(-1) == labels).float() * m).sum() / denom)
                 metrics[f"loss_{i}"] = float((per * m).sum() / denom)
                 weights[f"acc_{i}"] = weights[f"loss_{i}"] = float(m.sum())  # pooled by tokens
-        return StepOutput(loss=total, metrics=metrics, weights=weights, num_tokens=int(mask[:, 2:].sum()))
+        s = ids.shape[1]
+        return StepOutput(loss=total, metrics=metrics, weights=weights,
+                          num_tokens=int((mask[:, 2:] * packing.valid_labels(batch, 2, s - 2)).sum()))
 
     def make_proposer(self, target) -> "MLPSpeculatorProposer":
         return MLPSpeculatorProposer(self)

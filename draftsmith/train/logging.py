@@ -90,9 +90,10 @@ class MetricsLogger:
             self._bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, file=sys.stderr)
 
     def advance(self, metrics: dict[str, float]) -> None:
-        if self._bar is not None:
+        if self._bar is not None and "loss" in metrics:  # metrics reach the host at log steps only
             self._bar.set_postfix(loss=f"{metrics.get('loss', float('nan')):.4f}",
                                   tok_s=f"{metrics.get('tokens_per_s', 0):.0f}", refresh=False)
+        if self._bar is not None:
             self._bar.update(1)
 
     def info(self, text: str) -> None:

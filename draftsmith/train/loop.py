@@ -156,18 +156,32 @@ class Trainer:
         self.ctx = parallel.setup(tc, device)
         self.scaler = grad_scaler_for(tc, self.ctx.device)
         seed_everything(tc.seed)
-        self.target = target or target_mod.from_config(cfg.target)
-        if tc.target_sharding == "fsdp2":
-            parallel.shard_target(self.ctx, self.target)
+        if target is None and tc.target_sharding == "fsdp2":  # meta-device load: no rank holds the whole target
+            from draftsmith.train.sharded_load import load_target_sharded
+
+            self.target = load_target_sharded(self.ctx, cfg.target)
+        else:
+            self.target = target or target_mod.from_config(cfg.target)
+            if tc.target_sharding == "fsdp2":
+                parallel.shard_target(self.ctx, self.target)
         from draftsmith.inspect import check_for_training
 
         check_for_training(self.target, cfg.drafter.kind)  # `draftsmith inspect`'s refusals, before any data
         drafter_cls = DRAFTERS.get(cfg.drafter.kind)
         options = config_mod.drafter_options(cfg)
         self.train_set, self.heldout, counts = load_data(cfg, self.target, drafter_cls, options, self.ctx, api_key_env)
+        if cfg.data.pack_length:  # several documents per row (counts above are per document, unchanged)
+            from draftsmith.data.packing import PackedDataset
+
+            self.train_set = PackedDataset(self.train_set, cfg.data.pack_length)
         self.drafter = drafter_cls.from_target(options, self.target, counts)
         if tc.init_from:
             checkpoint.load_init_weights(Path(tc.init_from), self.drafter, self.target)  # checkpoint or export dir
+        from draftsmith.heads import draft_layer
+
+        draft_layer.configure(self.drafter, tc.ttt_attention, tc.gradient_checkpointing)
+        if tc.compile:
+            self.drafter.compile(backend=tc.compile)  # in place: state_dict keys and wrappers unchanged
         self.required = set(self.drafter.required_features)
         self.layers = self.drafter.feature_layers()
         from draftsmith.data.streaming import batch_stream
@@ -269,15 +283,18 @@ class Trainer:
         return path
 
     # ------------------------------------------------------------------ one optimizer step
-    def _train_step(self) -> dict[str, float]:
+    def _train_step(self) -> dict:
+        """-> this step's metrics; values may be device tensors (read on the host at log steps only)."""
         tc = self.cfg.train
-        loss_sum = torch.zeros((), dtype=torch.float64)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         tokens = torch.zeros((), dtype=torch.float64)
         seen_tokens, t_target, t_drafter = 0, 0.0, 0.0
         parts: list[tuple[dict, dict, float]] = []
         for micro in range(tc.grad_accum):  # 1.
             t0 = time.perf_counter()
-            batch = move(next(self.stream), self.ctx.device)
+            raw = next(self.stream)
+            seen_tokens += int(raw["attention_mask"].sum())  # counted on the host, before the copy
+            batch = move(raw, self.ctx.device)
             batch = features.complete(self.target, batch, self.required, self.layers)
             t1 = time.perf_counter()
             with self.ctx.accumulate(last=micro == tc.grad_accum - 1):  # ranks sync gradients on the last only
@@ -285,24 +302,29 @@ class Trainer:
                     out = self.model(batch)
                 self.ctx.backward(self.scaler.scale(out.loss) if self.scaler is not None else out.loss)
             t_target, t_drafter = t_target + t1 - t0, t_drafter + time.perf_counter() - t1
-            loss_sum += out.loss.detach().double().cpu()
+            loss_sum += out.loss.detach().double()  # stays on the device (no host sync per micro-batch)
             tokens += out.num_tokens
-            seen_tokens += int(batch["attention_mask"].sum())
             parts.append((out.metrics, out.weights, float(out.num_tokens)))
         seen = torch.tensor(float(seen_tokens), dtype=torch.float64)
-        totals = self.ctx.all_reduce_sum(torch.stack([loss_sum, tokens, seen]))  # 2.
+        if self.ctx.world_size > 1:  # 2. one collective; its result is needed on the host for the scaling
+            totals = self.ctx.all_reduce_sum(torch.stack([loss_sum.cpu(), tokens, seen]))
+            loss_total, global_tokens, global_seen = totals[0], float(totals[1]), float(totals[2])
+            rank_parts = self.ctx.all_gather_object(pool_metrics(parts))  # metrics weighted by tokens, all ranks
+        else:  # single process: the counts are host numbers already, the loss stays on the device
+            loss_total, global_tokens, global_seen = loss_sum, float(tokens), float(seen)
+            rank_parts = [pool_metrics(parts)]
         pooled: dict[str, tuple[float, float]] = {}
-        for rank_pooled in self.ctx.all_gather_object(pool_metrics(parts)):  # metrics weighted by tokens, all ranks
+        for rank_pooled in rank_parts:
             for key, (total, weight) in rank_pooled.items():
                 pooled[key] = (pooled.get(key, (0.0, 0.0))[0] + total, pooled.get(key, (0.0, 0.0))[1] + weight)
         sums = pooled_means(pooled)
         grad_norm = self.ctx.optimizer_step(self.optimizer, self.drafter.trainable_parameters(),  # 2. + 3.
-                                            float(totals[1]), tc.max_grad_norm, self.scaler)
+                                            global_tokens, tc.max_grad_norm, self.scaler)
         self.scheduler.step()
         elapsed = t_target + t_drafter
-        return {"loss": float(totals[0] / max(float(totals[1]), 1.0)), **sums, "lr": self.scheduler.get_last_lr()[0],
+        return {"loss": loss_total / max(global_tokens, 1.0), **sums, "lr": self.scheduler.get_last_lr()[0],
                 "grad_norm": grad_norm, "tokens_per_s": seen_tokens / max(elapsed, 1e-9),  # per device
-                "tokens_per_s_total": float(totals[2]) / max(elapsed, 1e-9),
+                "tokens_per_s_total": global_seen / max(elapsed, 1e-9),
                 "target_share": t_target / max(elapsed, 1e-9), "epoch": self.stream.epoch}
 
     @torch.no_grad()
@@ -340,15 +362,24 @@ class Trainer:
             self.logger.info(parallel.describe(self.ctx))
         self.drafter.train()
         metrics: dict = {}
+        pending: list[dict] = []  # steps whose metrics are still on the device
         self.logger.start_progress(self.total_steps, self.step)
         while self.step < self.total_steps:
-            metrics = self._train_step()
+            pending.append(self._train_step())
             self.step += 1
-            self.losses.append(metrics["loss"])
+            log_now = self.step % max(1, tc.log_every) == 0 or self.step == self.total_steps
+            save_now = tc.save_every and self.step % tc.save_every == 0
+            stop_now = stop_after is not None and self.step >= stop_after
+            metrics = {}
+            if log_now or save_now or stop_now:  # the one host read of these steps' metrics
+                host = to_host(pending)
+                pending = []
+                self.losses.extend(m["loss"] for m in host)
+                metrics = host[-1]
             self.logger.advance(metrics)
             if tc.eval_every and self.heldout is not None and len(self.heldout) and self.step % tc.eval_every == 0:
                 metrics.update(self.evaluate())
-            if self.step % max(1, tc.log_every) == 0 or self.step == self.total_steps:
+            if log_now:
                 self.logger.log(self.step, metrics)
             if tc.save_every and self.step % tc.save_every == 0 and self.step < self.total_steps:
                 self.save(f"{checkpoint.STEP_PREFIX}{self.step:07d}")
@@ -360,6 +391,13 @@ class Trainer:
         self.logger.info(f"final checkpoint: {final}")
         self.logger.close()
         return TrainResult(self.output_dir, final, list(self.losses), metrics, self.step)
+
+
+def to_host(steps: list[dict]) -> list[dict]:
+    """Metrics of several steps -> plain floats, with ONE device-to-host copy for all tensors."""
+    tensors = [v for m in steps for v in m.values() if torch.is_tensor(v)]
+    values = iter(torch.stack([t.detach().double().reshape(()) for t in tensors]).cpu().tolist() if tensors else [])
+    return [{k: next(values) if torch.is_tensor(v) else v for k, v in m.items()} for m in steps]
 
 
 def train(cfg, target=None, stop_after: int | None = None, overwrite: bool = False,

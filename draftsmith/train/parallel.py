@@ -143,8 +143,9 @@ class ParallelContext:
     def optimizer_step(self, optimizer, params: list, global_tokens: float, max_grad_norm: float,
                        scaler=None) -> float:
         """Turn accumulated gradients of loss sums into d(mean over global loss tokens), clip, step.
-        Returns the gradient norm before clipping. `scaler` (fp16): a torch GradScaler whose scaled
-        losses were backpropagated; gradients are unscaled first and a step with inf/nan is skipped."""
+        Returns the gradient norm before clipping (a tensor, or a float under DeepSpeed). `scaler` (fp16): a
+        torch GradScaler whose scaled losses were backpropagated; gradients are unscaled first and a step with
+        inf/nan is skipped."""
         scale = self.grad_scale(global_tokens)
         if self.backend == "deepspeed":
             engine = self.model
@@ -167,7 +168,7 @@ class ParallelContext:
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(grad_norm)
+        return grad_norm.detach()  # a device tensor: the loop reads it at log steps only
 
     # ------------------------------------------------------------------ checkpoint states
     def model_state_dict(self, drafter: nn.Module) -> dict[str, torch.Tensor]:
