@@ -21,6 +21,7 @@ MLP speculator (vllm/model_executor/models/mlp_speculator.py): model_type "mlp_s
   inner_dim, n_predict, top_k_tokens_per_head, n_candidates, tie_weights, scale_input; tensors emb.{i},
   proj.{i}, head.{i}, ln.{i} (a tied model stores emb.0, proj.0, proj.1, head.0, ln.0). vLLM builds
   num_lookahead_tokens (= num_speculative_tokens) stages, so K must be <= n_predict.
+DFlash / DSpark (block drafters): the speculators layout in export/vllm_parallel.py; K <= one block's drafts.
 """
 from __future__ import annotations
 
@@ -52,10 +53,12 @@ from draftsmith.export.common import (
     sidecar,
     verifier_name,
 )
+from draftsmith.export import vllm_parallel as block
 from draftsmith.export.sglang import LLAMA_KEYS
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose loader this format is tested against
-METHODS = {"eagle3": "eagle3", "medusa": "medusa", "mlp_speculator": "mlp_speculator"}
+METHODS = {"eagle3": "eagle3", "medusa": "medusa", "mlp_speculator": "mlp_speculator", "dflash": "dflash",
+           "dspark": "dspark"}
 ADAPTER_DIR = "adapter"  # Medusa-2: the peft adapter the verifier must be served merged with
 
 
@@ -78,7 +81,7 @@ def check_k(drafter, k: int) -> None:
 class VLLMExporter(Exporter):
     name = "vllm"
     engine = "vLLM"
-    kinds = ("eagle3", "medusa", "mlp_speculator")
+    kinds = ("eagle3", "medusa", "mlp_speculator", *block.BLOCK_KINDS)
 
     # ------------------------------------------------------------------ build
     def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:
@@ -87,7 +90,10 @@ class VLLMExporter(Exporter):
         k = num_tokens(loaded, opts, self._default_k(loaded.drafter))
         check_k(loaded.drafter, k)
         writer, extra = None, {"num_speculative_tokens": k}
-        if kind == "eagle3":
+        if kind in block.BLOCK_KINDS:
+            block.check_k(loaded.drafter, k)
+            config, tensors = block.build(loaded, dtype, k, opts, SPECULATORS_VERSION)
+        elif kind == "eagle3":
             config, tensors = self._eagle3(loaded, dtype, k, opts)
         elif kind == "medusa":
             config, tensors = self._medusa(loaded, dtype, k)
@@ -102,6 +108,8 @@ class VLLMExporter(Exporter):
     @staticmethod
     def _default_k(drafter) -> int:
         c = drafter.cfg
+        if drafter.kind in block.BLOCK_KINDS:
+            return block.speculative_tokens(drafter)
         return {"eagle3": lambda: c.ttt_steps, "medusa": lambda: c.num_heads, "mlp_speculator": lambda: c.n_predict}[
             drafter.kind]()
 
@@ -176,6 +184,8 @@ class VLLMExporter(Exporter):
 
     # ------------------------------------------------------------------ contract
     def required_config_keys(self, kind: str) -> list[str]:
+        if kind in block.BLOCK_KINDS:
+            return block.required_keys(kind)
         if kind == "eagle3":
             return ["architectures", "speculators_model_type", "draft_vocab_size", "norm_before_residual",
                     "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
@@ -191,6 +201,8 @@ class VLLMExporter(Exporter):
 
     def expected_tensors(self, config: dict, kind: str) -> dict[str, TensorSpec]:
         dtype = DTYPES[config["torch_dtype"]]
+        if kind in block.BLOCK_KINDS:
+            return block.tensor_spec(config, kind, dtype)
         if kind == "eagle3":
             return eagle3_tensor_spec(
                 config["transformer_layer_config"], config["draft_vocab_size"],
@@ -213,6 +225,8 @@ class VLLMExporter(Exporter):
         return config.get("transformer_layer_config") if "speculators_model_type" in config else None
 
     def check_format(self, export_dir: Path, config: dict, tensors: dict, loaded) -> list[str]:
+        if loaded.drafter.kind in block.BLOCK_KINDS:
+            return block.check_format(config, tensors, loaded)
         if loaded.drafter.kind == "medusa":
             return check_medusa(export_dir, config, loaded)
         if loaded.drafter.kind == "mlp_speculator":
@@ -243,6 +257,8 @@ class VLLMExporter(Exporter):
             weights = rename(tensors, "layers.0.", "midlayer.")
             weights.pop("embed_tokens.weight")  # the target's; checked in check_format
             return eagle3_from_weights(weights, loaded, str(export_dir))
+        if kind in block.BLOCK_KINDS:
+            tensors = block.drafter_weights(tensors, loaded)
         return load_plain(tensors, loaded, str(export_dir))
 
     def reference_drafter(self, loaded, dtype: torch.dtype):

@@ -1,0 +1,117 @@
+"""Parallel drafters (DFlash, ...) exported in the speculators format for vLLM: exact tensor sets and
+shapes, config fields, the validation gate's round trip, a load in the installed speculators package
+with a forward equal to draftsmith's within 1e-5, and clear refusals where an engine cannot serve."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import LLAMA3_ROPE, make_checkpoint
+from safetensors.torch import load_file
+from test_speculators_load import speculators
+
+from draftsmith.export import export
+from draftsmith.export.common import ExportOptions
+from draftsmith.train import checkpoint
+
+CASES = {
+    "dflash": ("dflash", {"block_size": 4, "num_layers": 2, "draft_vocab_size": 100}),
+    "dflash_full": ("dflash", {"block_size": 3, "num_layers": 1}),
+}
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    out = {}
+    for name, (kind, options) in CASES.items():
+        rope = LLAMA3_ROPE if name == "dflash" else None
+        path = make_checkpoint(tmp_path_factory.mktemp(name), kind, options, rope=rope, max_positions=4096 if rope else 1024)
+        out[name] = (path, checkpoint.load_drafter(path, device="cpu"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def exported(ckpts, tmp_path_factory):
+    root = tmp_path_factory.mktemp("exports")
+    return {name: export(path, "vllm", root / name, loaded=loaded) for name, (path, loaded) in ckpts.items()}
+
+
+def read(result):
+    return json.loads((result.out_dir / "config.json").read_text()), load_file(str(result.out_dir / "model.safetensors"))
+
+
+def test_dflash_config_and_tensors(exported, ckpts):
+    config, tensors = read(exported["dflash"])
+    d = ckpts["dflash"][1].drafter
+    assert config["speculators_model_type"] == "dflash" and config["architectures"] == ["DFlashSpeculator"]
+    assert config["block_size"] == 4 and config["sample_from_anchor"] is False
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3  # B - 1
+    assert config["aux_hidden_state_layer_ids"] == d.aux_layer_ids and config["mask_token_id"] == d.mask_token_id
+    lc = config["transformer_layer_config"]
+    assert lc["model_type"] == "qwen3" and lc["num_hidden_layers"] == 2
+    assert lc["rope_scaling"]["rope_type"] == "llama3" and lc["max_position_embeddings"] == 4096
+    layer = {n.removeprefix("layers.1.") for n in tensors if n.startswith("layers.1.")}
+    assert layer == {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
+                     "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                     "self_attn.q_norm.weight", "self_attn.k_norm.weight", "mlp.gate_proj.weight",
+                     "mlp.up_proj.weight", "mlp.down_proj.weight"}
+    assert {n for n in tensors if not n.startswith("layers.")} == {
+        "fc.weight", "hidden_norm.weight", "norm.weight", "lm_head.weight", "embed_tokens.weight", "d2t", "t2d"}
+    assert tensors["lm_head.weight"].shape == (100, 32) and tensors["fc.weight"].shape == (32, 96)
+    assert "3 contexts x 3 tokens identical" in exported["dflash"].report["round_trip"]
+    assert '"method": "dflash"' in exported["dflash"].serve_command
+    _, full = read(exported["dflash_full"])
+    assert "d2t" not in full and "t2d" not in full  # speculators has no vocab-map buffers at full vocabulary
+
+
+def test_refusals(ckpts, tmp_path):
+    path, loaded = ckpts["dflash"]
+    with pytest.raises(ValueError, match=r"exceeds what one dflash block drafts \(3"):
+        export(path, "vllm", tmp_path / "k", ExportOptions(num_speculative_tokens=5), loaded=loaded)
+    for fmt in ("sglang", "trtllm", "hf"):
+        with pytest.raises(ValueError, match=f"--to {fmt} does not take dflash drafters.*formats for dflash: \\['vllm'\\]"):
+            export(path, fmt, tmp_path / fmt, loaded=loaded)
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("name", ["dflash", "dflash_full"])
+def test_speculators_loads_and_matches(exported, ckpts, name):
+    spec = speculators()
+    out = exported[name].out_dir
+    config = spec.SpeculatorModelConfig.from_pretrained(str(out))
+    config.transformer_layer_config._attn_implementation = "sdpa"  # flex attention has no CPU path here
+    model = spec.SpeculatorModel.from_pretrained(str(out), config=config).eval()
+    saved = set(load_file(str(out / "model.safetensors")))
+    own = {k for k in model.state_dict() if not k.startswith("verifier_")}
+    assert saved == own, f"speculators expects {sorted(own - saved)} more / {sorted(saved - own)} fewer"
+    loaded = ckpts[name][1]
+    d, target = loaded.drafter, loaded.target
+    ids = torch.randint(3, target.vocab_size, (1, 11), generator=torch.Generator().manual_seed(0))
+    n = 8  # context x_0..x_7 committed; the block is anchored at x_7 (position 7)
+    aux = torch.cat([target.forward(ids[:, : n - 1]).hidden_states[i] for i in d.aux_layer_ids], dim=-1)
+    with torch.no_grad():
+        ours = _draftsmith_block(d, aux, ids, n)
+        ctx = model.hidden_norm(model.fc(aux))  # [1, n-1, h]
+        block = torch.full((1, d.block_size), d.mask_token_id)
+        block[0, 0] = ids[0, n - 1]
+        x = model.embed_tokens(block)
+        pos = torch.arange(n - 1 + d.block_size).view(1, -1)
+        pe = model.rotary_emb(x, pos)
+        for layer in model.layers:
+            x = layer(hidden_states=x, target_hidden=ctx, attention_mask=None, position_ids=pos, position_embeddings=pe)
+        theirs = model.lm_head(model.norm(x))[0]
+    assert torch.allclose(ours, theirs, atol=1e-5, rtol=0), (ours - theirs).abs().max()
+    if "d2t" in saved:
+        assert torch.equal(model.d2t, d.d2t) and torch.equal(model.t2d, d.t2d)
+
+
+def _draftsmith_block(d, aux, ids, n):
+    """draftsmith's proposer path: context K/V of positions < n-1, one block forward -> [B, dv]."""
+    from draftsmith.heads.dflash import BlockProposer
+
+    prop = BlockProposer(d, type("T", (), {"vocab_size": d.t2d.shape[0]})())
+    prop.begin(ids[0, :n])
+    prop.ctx_kv = d.context_kv(d.context(aux), torch.arange(n - 1).view(1, -1))
+    prop.committed = n - 1
+    return prop.block_logits(ids[0, :n])
