@@ -1,4 +1,4 @@
-"""vLLM (speculators format) for the parallel drafters: DFlash and DSpark (block drafters).
+"""vLLM (speculators format) for the parallel drafters: DFlash and DSpark (block drafters), P-EAGLE.
 vllm.py calls these for those kinds; the EAGLE-3 / Medusa / MLP layouts stay in vllm.py.
 
 Read from speculators 0.9.0 (models/dflash/config.py, core.py; models/dspark/config.py, core.py):
@@ -151,11 +151,53 @@ def check_format(config: dict, tensors: dict, loaded) -> list[str]:
     return problems
 
 
-def drafter_weights(tensors: dict[str, torch.Tensor], loaded) -> dict[str, torch.Tensor]:
-    """Export tensors -> the drafter's own state_dict names (full-vocabulary exports carry no d2t/t2d)."""
-    weights = {k: v for k, v in tensors.items() if k != "embed_tokens.weight"}
+def drafter_weights(tensors: dict[str, torch.Tensor], loaded, keep_embedding: bool = False) -> dict[str, torch.Tensor]:
+    """Export tensors -> the drafter's own state_dict names (full-vocabulary exports carry no d2t/t2d;
+    the embedding is the target's, except P-EAGLE's own)."""
+    weights = {k: v for k, v in tensors.items() if keep_embedding or k != "embed_tokens.weight"}
     if "d2t" not in weights:
         V = loaded.target.vocab_size
         weights["d2t"] = torch.zeros(V, dtype=torch.long)
         weights["t2d"] = torch.ones(V, dtype=torch.bool)
     return weights
+
+
+# --------------------------------------------------------------------------- P-EAGLE
+# speculators.models.peagle: the EAGLE-3 layout (config keys, layers.0.*) plus speculators_model_type
+# "peagle", architectures ["PEagleSpeculator"], mask_token_id, embed_requires_grad true, and tensors
+# mask_hidden [1, 1, n*h] and embed_tokens (the drafter's own trained copy, not the target's). vLLM
+# (>= 0.16, PR 41826) maps speculators_model_type "peagle" onto method "eagle" with parallel_drafting.
+def peagle_config(eagle3_config: dict, loaded) -> dict:
+    d = loaded.drafter
+    config = {**eagle3_config, "architectures": ["PEagleSpeculator"], "speculators_model_type": "peagle",
+              "mask_token_id": d.mask_token_id, "embed_requires_grad": bool(d.cfg.train_embedding)}
+    config["speculators_config"] = {**config["speculators_config"], "algorithm": "peagle"}
+    return config
+
+
+def peagle_tensors(loaded, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    tensors = cast_floats(loaded.drafter.state_dict_for_export(), dtype)
+    tensors = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in tensors.items()}
+    if full_vocab(loaded.drafter):
+        tensors.pop("d2t"), tensors.pop("t2d")
+    return tensors
+
+
+def peagle_spec_extra(config: dict, dtype: torch.dtype) -> dict[str, TensorSpec]:
+    n_aux = len(config["eagle_aux_hidden_state_layer_ids"])
+    return {"mask_hidden": TensorSpec((1, 1, n_aux * config["target_hidden_size"]), dtype)}
+
+
+def peagle_check(config: dict, tensors: dict, loaded) -> list[str]:
+    d = loaded.drafter
+    problems = []
+    if config.get("mask_token_id") != d.mask_token_id:
+        problems.append(f"config.json: mask_token_id is {config.get('mask_token_id')!r}, the drafter was trained with "
+                        f"{d.mask_token_id}")
+    k = config["speculators_config"]["proposal_methods"][0].get("speculative_tokens") or 0
+    if not 1 <= k <= d.cfg.num_depths:
+        problems.append(f"config.json: speculative_tokens {k} must lie in 1..{d.cfg.num_depths} (the trained depths)")
+    own = d.embed_tokens.weight.detach().cpu().to(tensors["embed_tokens.weight"].dtype)
+    if not torch.equal(tensors["embed_tokens.weight"], own):
+        problems.append("model.safetensors: embed_tokens.weight is not the drafter's own trained embedding")
+    return problems

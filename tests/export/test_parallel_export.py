@@ -18,6 +18,7 @@ from draftsmith.train import checkpoint
 CASES = {
     "dflash": ("dflash", {"block_size": 4, "num_layers": 2, "draft_vocab_size": 100}),
     "dflash_full": ("dflash", {"block_size": 3, "num_layers": 1}),
+    "peagle": ("peagle", {"num_depths": 4, "draft_vocab_size": 100}),
 }
 
 
@@ -115,3 +116,48 @@ def _draftsmith_block(d, aux, ids, n):
     prop.ctx_kv = d.context_kv(d.context(aux), torch.arange(n - 1).view(1, -1))
     prop.committed = n - 1
     return prop.block_logits(ids[0, :n])
+
+
+def test_peagle_config_and_tensors(exported, ckpts):
+    config, tensors = read(exported["peagle"])
+    d = ckpts["peagle"][1].drafter
+    assert config["speculators_model_type"] == "peagle" and config["architectures"] == ["PEagleSpeculator"]
+    assert config["speculators_config"]["algorithm"] == "peagle" and config["mask_token_id"] == d.mask_token_id
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 4
+    assert tensors["mask_hidden"].shape == (1, 1, 96)
+    assert torch.equal(tensors["embed_tokens.weight"], d.embed_tokens.weight)  # its own trained copy
+    assert not torch.equal(tensors["embed_tokens.weight"], ckpts["peagle"][1].target.embed_tokens.weight)
+    assert "method" not in exported["peagle"].serve_command  # vLLM derives eagle + parallel_drafting itself
+    with pytest.raises(ValueError, match="num_depths = 4"):
+        export(ckpts["peagle"][0], "vllm", exported["peagle"].out_dir.parent / "k9",
+               ExportOptions(num_speculative_tokens=9), loaded=ckpts["peagle"][1])
+
+
+def test_speculators_loads_peagle_and_matches(exported, ckpts):
+    spec = speculators()
+    out = exported["peagle"].out_dir
+    config = spec.SpeculatorModelConfig.from_pretrained(str(out))
+    config.transformer_layer_config._attn_implementation = "sdpa"
+    model = spec.SpeculatorModel.from_pretrained(str(out), config=config).eval()
+    saved = set(load_file(str(out / "model.safetensors")))
+    own = {k for k in model.state_dict() if not k.startswith("verifier_")}
+    assert saved == own, f"speculators expects {sorted(own - saved)} more / {sorted(saved - own)} fewer"
+    loaded = ckpts["peagle"][1]
+    d, target = loaded.drafter, loaded.target
+    ids = torch.randint(3, target.vocab_size, (1, 10), generator=torch.Generator().manual_seed(0))
+    n, k = 8, 4  # newest real pair a = 6 = (h_6, x_7); depths 1..3 are placeholders at positions 7..9
+    aux = torch.cat([target.forward(ids[:, : n - 1]).hidden_states[i] for i in d.aux_layer_ids], dim=-1)
+    with torch.no_grad():
+        prop = d.make_proposer(target)
+        prop.begin(ids[0, :n])
+        prop.commit(ids[0, :n], n - 1, target.forward(ids[:, : n - 1]))
+        ours = prop.parallel_logits(k)  # [k, dv]
+        feats = torch.cat([aux, model.mask_hidden.expand(1, k - 1, -1)], dim=1)  # [1, n-1+k-1, n*h]
+        tokens = torch.cat([ids[:, 1:n], torch.full((1, k - 1), config.mask_token_id)], dim=1)
+        x = torch.cat([model.embed_tokens(tokens), model.fc(feats)], dim=-1)  # [1, L, 2h]
+        pos = torch.arange(x.shape[1]).view(1, -1)
+        y = model.layers[0](x, attention_mask=None, position_ids=pos, position_embeddings=model.rotary_emb(x, pos))
+        y = y[0] if isinstance(y, tuple) else y
+        theirs = model.lm_head(model.norm(y))[0, -k:]  # causal attention = the P-EAGLE mask for one chain
+    assert torch.allclose(ours, theirs, atol=1e-5, rtol=0), (ours - theirs).abs().max()
+    assert torch.equal(model.d2t, d.d2t) and torch.equal(model.mask_hidden, d.mask_hidden)
