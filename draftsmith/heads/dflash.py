@@ -25,6 +25,9 @@ So one forward drafts B-1 tokens (speculators' sample_from_anchor = false).
 Training samples many anchors per sequence (the paper's "random anchors" that make one target
 forward train many blocks) and weights slot i's loss by exp(-(i-1) / gamma) (the paper's
 per-position decay: early slots decide the acceptance length).
+
+BlockDrafting (a mixin next to Drafter) holds what DSpark (heads/dspark.py) shares with DFlash;
+BlockProposer is the eval proposer of both: ONE forward per round, then the kind's draft_block().
 """
 from __future__ import annotations
 
@@ -107,39 +110,20 @@ def sample_anchors(valid: torch.Tensor, num_anchors: int, generator: torch.Gener
     return anchors, ok
 
 
-# --------------------------------------------------------------------------- the drafter
-@DRAFTERS.register("dflash")
-class DFlashDrafter(Drafter):
-    kind = "dflash"
-    required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "aux_hidden_states", "target_logits"})
+# --------------------------------------------------------------------------- shared by block drafters
+class BlockDrafting:
+    """What DFlash and DSpark share (a mixin next to Drafter, so each kind keeps one level of base
+    classes): the backbone's layers, the context features, the block forward and the training blocks.
 
-    @dataclass
-    class Config:
-        # Target layer ids whose hidden states are fused (hidden_states[i] = input of layer i); None:
-        # EAGLE-3's low/mid/high rule. The paper uses 5 layers spread from shallow to deep on 8B.
-        aux_layer_ids: Optional[list[int]] = None
-        # Tokens per block: slot 0 is the anchor, so one forward drafts block_size - 1 tokens.
-        block_size: int = 8
-        # Draft decoder layers (the paper: 5 on Qwen3-8B; 1-2 suffice on tiny targets).
-        num_layers: int = 1
-        # Blocks trained per sequence (anchors drawn at random among loss positions).
-        num_anchors: int = 32
-        # Slot i's loss weight is exp(-(i - 1) / loss_decay_gamma) (the paper: 7 for B=16, 4 for B=8).
-        loss_decay_gamma: float = 4.0
-        # Token id that fills the masked slots; None: the tokenizer's pad (else unk) id.
-        mask_token_id: Optional[int] = None
-        # Draft vocabulary size (most frequent training-target tokens); None: full vocabulary.
-        draft_vocab_size: Optional[int] = None
-        # Train lm_head (initialised from the target's rows); False keeps it frozen, as the paper does.
-        train_lm_head: bool = False
-        # Draft layer shape; None copies the target's.
-        num_heads: Optional[int] = None
-        num_kv_heads: Optional[int] = None
-        intermediate_size: Optional[int] = None
+    `sample_from_anchor` (speculators' name): False (DFlash) - slot 0 is the anchor, slot i predicts
+    x_{p+i}; True (DSpark) - slot i predicts x_{p+i+1}, so a block drafts block_size tokens.
+    """
 
-    def __init__(self, cfg, layer_config, aux_layer_ids: list[int], draft_vocab_size: int, target_vocab_size: int,
-                 embed_tokens: nn.Embedding, mask_token_id: int):
-        super().__init__()
+    sample_from_anchor: bool = False
+
+    def build_modules(self, cfg, layer_config, aux_layer_ids: list[int], draft_vocab_size: int, target_vocab_size: int,
+                      embed_tokens: nn.Embedding, mask_token_id: int) -> None:
+        """The layers of every block drafter (called from the kind's __init__; no file I/O)."""
         h = layer_config.hidden_size
         self.cfg = cfg
         self.layer_config = layer_config
@@ -259,15 +243,19 @@ class DFlashDrafter(Drafter):
         own = (blk[:, None] == blk[None, :]).expand(b, -1, -1)  # [b, A*B, A*B]
         return torch.cat([ctx, own], dim=2)[:, None]  # -> [b, 1, A*B, s + A*B]
 
-    def block_logits(self, batch, anchors: torch.Tensor) -> torch.Tensor:
-        """All blocks at anchors [b, A] in one forward -> draft logits [b, A, B, dv] (slot 0 unused)."""
+    def blocks_hidden(self, batch, anchors: torch.Tensor) -> torch.Tensor:
+        """All blocks at anchors [b, A] in one forward -> final hidden [b, A, B, h] (the lm_head input)."""
         ids = batch["input_ids"]
         b, s = ids.shape
         ctx = self.context(batch["aux_hidden_states"])  # [b, s, n*h] -> [b, s, h]
         ctx_kv = self.context_kv(ctx, torch.arange(s, device=ids.device).expand(b, s))
         block, pos = self.block_inputs(ids, anchors)
         hidden = self.block_hidden(block, pos, ctx_kv, self.training_mask(anchors, batch["attention_mask"]))
-        return self.lm_head(hidden).view(b, anchors.shape[1], self.block_size, -1)  # [b, A*B, dv] -> [b, A, B, dv]
+        return hidden.view(b, anchors.shape[1], self.block_size, -1)  # [b, A*B, h] -> [b, A, B, h]
+
+    def block_logits(self, batch, anchors: torch.Tensor) -> torch.Tensor:
+        """-> the backbone's draft logits [b, A, B, dv] of every block (DFlash: slot 0 unused)."""
+        return self.lm_head(self.blocks_hidden(batch, anchors))
 
     # ------------------------------------------------------------------ training
     def valid_anchors(self, batch) -> torch.Tensor:
@@ -282,27 +270,68 @@ class DFlashDrafter(Drafter):
         return sample_anchors(self.valid_anchors(batch), self.cfg.num_anchors, gen)
 
     def labels(self, batch, anchors, anchor_ok):
-        """-> p [b, A, B, dv] (the target's distribution at p+i-1, restricted to the draft vocabulary),
-        top [b, A, B] target argmax ids, mask [b, A, B] (slot i > 0 whose x_{p+i} is a loss token)."""
+        """-> p [b, A, B, dv] (the target's distribution for slot i's token, restricted to the draft
+        vocabulary), top [b, A, B] target argmax ids, mask [b, A, B] (slots whose token is a loss token).
+        Slot i predicts x_{p+i} (DFlash; slot 0 predicts nothing) or x_{p+i+1} (sample_from_anchor)."""
         b, s = batch["input_ids"].shape
         B = self.block_size
-        pos = anchors[..., None] + torch.arange(B, device=anchors.device)  # [b, A, B]: positions p + i
+        shift = int(self.sample_from_anchor)
+        pos = anchors[..., None] + torch.arange(B, device=anchors.device) + shift  # [b, A, B]: predicted positions
         inside = pos < s
-        src = (pos - 1).clamp(0, s - 1)  # the target position whose next token is x_{p+i}
+        src = (pos - 1).clamp(0, s - 1)  # the target position whose next token is the predicted one
         m = (batch["loss_mask"] * batch["attention_mask"]).float()
         mask = m.gather(1, pos.clamp(max=s - 1).flatten(1)).view_as(pos) * inside * anchor_ok[..., None]
-        mask[..., 0] = 0  # slot 0 is the anchor: no prediction
+        if not shift:
+            mask[..., 0] = 0  # slot 0 is the anchor: no prediction
         logits = batch["target_logits"].float()
         picked = logits.gather(1, src.flatten(1)[..., None].expand(-1, -1, logits.shape[-1]))  # [b, A*B, V]
         p = torch.softmax(picked[..., self.draft_ids()], dim=-1).view(*pos.shape, -1)  # -> [b, A, B, dv]
         return p, picked.argmax(-1).view_as(pos), mask
 
     def slot_weights(self, device) -> torch.Tensor:
-        """[B]: 0 for the anchor slot, exp(-(i - 1) / gamma) for slot i >= 1."""
+        """[B]: the j-th predicting slot weighs exp(-j / gamma); DFlash's anchor slot weighs 0."""
         i = torch.arange(self.block_size, device=device, dtype=torch.float32)
+        if self.sample_from_anchor:
+            return torch.exp(-i / self.cfg.loss_decay_gamma)
         w = torch.exp(-(i - 1).clamp(min=0) / self.cfg.loss_decay_gamma)
         w[0] = 0.0
         return w
+
+# --------------------------------------------------------------------------- the drafter
+@DRAFTERS.register("dflash")
+class DFlashDrafter(BlockDrafting, Drafter):
+    kind = "dflash"
+    required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "aux_hidden_states", "target_logits"})
+
+    @dataclass
+    class Config:
+        # Target layer ids whose hidden states are fused (hidden_states[i] = input of layer i); None:
+        # EAGLE-3's low/mid/high rule. The paper uses 5 layers spread from shallow to deep on 8B.
+        aux_layer_ids: Optional[list[int]] = None
+        # Tokens per block: slot 0 is the anchor, so one forward drafts block_size - 1 tokens.
+        block_size: int = 8
+        # Draft decoder layers (the paper: 5 on Qwen3-8B; 1-2 suffice on tiny targets).
+        num_layers: int = 1
+        # Blocks trained per sequence (anchors drawn at random among loss positions).
+        num_anchors: int = 32
+        # Slot i's loss weight is exp(-(i - 1) / loss_decay_gamma) (the paper: 7 for B=16, 4 for B=8).
+        loss_decay_gamma: float = 4.0
+        # Token id that fills the masked slots; None: the tokenizer's pad (else unk) id.
+        mask_token_id: Optional[int] = None
+        # Draft vocabulary size (most frequent training-target tokens); None: full vocabulary.
+        draft_vocab_size: Optional[int] = None
+        # Train lm_head (initialised from the target's rows); False keeps it frozen, as the paper does.
+        train_lm_head: bool = False
+        # Draft layer shape; None copies the target's.
+        num_heads: Optional[int] = None
+        num_kv_heads: Optional[int] = None
+        intermediate_size: Optional[int] = None
+
+    def __init__(self, cfg, layer_config, aux_layer_ids: list[int], draft_vocab_size: int, target_vocab_size: int,
+                 embed_tokens: nn.Embedding, mask_token_id: int):
+        super().__init__()
+        self.build_modules(cfg, layer_config, aux_layer_ids, draft_vocab_size, target_vocab_size, embed_tokens,
+                           mask_token_id)
 
     def forward_loss(self, batch) -> StepOutput:
         """DFlash training (the paper's section 4), numbered:
@@ -325,6 +354,14 @@ class DFlashDrafter(Drafter):
     def make_proposer(self, target) -> "BlockProposer":
         return BlockProposer(self, target)
 
+    def draft_block(self, hidden: torch.Tensor, anchor: torch.Tensor, k: int, proposer, sampling, generator) -> Draft:
+        """hidden [B, h] of one block -> up to block_size - 1 drafts; each slot is drawn from its own
+        marginal q_i (stochastic verification only needs q_i to be the distribution x_i was drawn from)."""
+        n = min(k, self.block_size - 1)
+        q = proposer.target_probs(self.lm_head(hidden[1 : 1 + n]), sampling)  # [n, V]
+        tokens = q.argmax(-1) if sampling.greedy else sample(q, generator)  # [n]
+        return Draft(tokens=tokens, probs=q)
+
 
 @torch.no_grad()
 def slot_metrics(logq, kl, top, mask, draft_ids, start: int) -> dict[str, float]:
@@ -341,7 +378,7 @@ def slot_metrics(logq, kl, top, mask, draft_ids, start: int) -> dict[str, float]
 
 class BlockProposer:
     """Single-pass block drafting: each round ONE drafter forward over [last committed token, MASK...]
-    proposes up to block_size - 1 tokens (fewer when the loop asks for fewer).
+    proposes up to one block of tokens (fewer when the loop asks for fewer, or DSpark's confidence head).
 
     The drafter keeps, per layer, the keys/values of the context features of every committed position
     but the newest (its target hidden state arrives with the next verification). Speculative positions
@@ -372,14 +409,18 @@ class BlockProposer:
             self.ctx_kv = [(torch.cat([k, nk], 2), torch.cat([v, nv], 2)) for (k, v), (nk, nv) in zip(self.ctx_kv, new)]
         self.committed += num_new
 
-    def block_logits(self, context: torch.Tensor) -> torch.Tensor:
-        """-> [B, dv] draft logits of one block anchored at the newest committed token."""
+    def block_hidden(self, context: torch.Tensor) -> torch.Tensor:
+        """-> [B, h] final hidden of one block anchored at the newest committed token (ONE forward)."""
         d = self.drafter
         dev = self.draft_ids.device
         block = torch.full((1, d.block_size), d.mask_token_id, dtype=torch.long, device=dev)
         block[0, 0] = context[-1]
         pos = torch.arange(self.committed, self.committed + d.block_size, device=dev).view(1, -1)
-        return d.lm_head(d.block_hidden(block, pos, self.ctx_kv))[0]  # no mask: the block sees all context
+        return d.block_hidden(block, pos, self.ctx_kv)[0]  # no mask: the block sees all context
+
+    def block_logits(self, context: torch.Tensor) -> torch.Tensor:
+        """-> [B, dv] the backbone's draft logits of that block."""
+        return self.drafter.lm_head(self.block_hidden(context))
 
     def target_probs(self, draft_logits: torch.Tensor, sampling) -> torch.Tensor:
         """[n, dv] draft logits -> [n, V] probabilities over the target vocabulary (same transform as p)."""
@@ -389,9 +430,6 @@ class BlockProposer:
 
     @torch.no_grad()
     def propose(self, context: torch.Tensor, k: int, sampling, generator=None) -> Draft:
-        n = min(k, self.drafter.block_size - 1)
-        q = self.target_probs(self.block_logits(context)[1 : 1 + n], sampling)  # [n, V]
-        # each slot is drawn from its own marginal q_i (it does not condition on the other drafts, and
-        # stochastic verification only needs q_i to be the distribution x_i was drawn from)
-        tokens = q.argmax(-1) if sampling.greedy else sample(q, generator)  # [n]
-        return Draft(tokens=tokens, probs=q)
+        """One block forward, then the kind turns its hidden states into drafts (DSpark: Markov chain
+        over the slots, and a confidence head that may send fewer than k to verification)."""
+        return self.drafter.draft_block(self.block_hidden(context), context[-1], k, self, sampling, generator)

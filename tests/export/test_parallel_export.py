@@ -19,6 +19,7 @@ CASES = {
     "dflash": ("dflash", {"block_size": 4, "num_layers": 2, "draft_vocab_size": 100}),
     "dflash_full": ("dflash", {"block_size": 3, "num_layers": 1}),
     "peagle": ("peagle", {"num_depths": 4, "draft_vocab_size": 100}),
+    "dspark": ("dspark", {"block_size": 4, "num_layers": 1, "markov_rank": 8, "draft_vocab_size": 100}),
 }
 
 
@@ -76,7 +77,7 @@ def test_refusals(ckpts, tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("name", ["dflash", "dflash_full"])
+@pytest.mark.parametrize("name", ["dflash", "dflash_full", "dspark"])
 def test_speculators_loads_and_matches(exported, ckpts, name):
     spec = speculators()
     out = exported[name].out_dir
@@ -101,7 +102,17 @@ def test_speculators_loads_and_matches(exported, ckpts, name):
         pe = model.rotary_emb(x, pos)
         for layer in model.layers:
             x = layer(hidden_states=x, target_hidden=ctx, attention_mask=None, position_ids=pos, position_embeddings=pe)
-        theirs = model.lm_head(model.norm(x))[0]
+        hidden = model.norm(x)
+        theirs = model.lm_head(hidden)[0]
+        if name == "dspark":  # + the Markov bias and the confidence on the same previous tokens
+            prev = torch.cat([block[:, :1], ids[:, n : n + d.block_size - 1]], dim=1)  # [1, B]
+            ours_h = _draftsmith_hidden(d, aux, ids, n)
+            ours, ours_c = d.heads(ours_h, prev[0])
+            emb = model.markov_head.prev_embeddings(prev)
+            theirs = theirs + model.markov_head.block_bias(prev_token_ids=prev, hidden_states=hidden, prev_emb=emb)[0]
+            theirs_c = model.confidence_head(torch.cat([hidden, emb], dim=-1))[0]
+            assert torch.allclose(ours_c, theirs_c, atol=1e-5, rtol=0), (ours_c - theirs_c).abs().max()
+            assert config.sample_from_anchor is True and config.markov_rank == 8
     assert torch.allclose(ours, theirs, atol=1e-5, rtol=0), (ours - theirs).abs().max()
     if "d2t" in saved:
         assert torch.equal(model.d2t, d.d2t) and torch.equal(model.t2d, d.t2d)
@@ -109,13 +120,17 @@ def test_speculators_loads_and_matches(exported, ckpts, name):
 
 def _draftsmith_block(d, aux, ids, n):
     """draftsmith's proposer path: context K/V of positions < n-1, one block forward -> [B, dv]."""
+    return d.lm_head(_draftsmith_hidden(d, aux, ids, n))
+
+
+def _draftsmith_hidden(d, aux, ids, n):
     from draftsmith.heads.dflash import BlockProposer
 
     prop = BlockProposer(d, type("T", (), {"vocab_size": d.t2d.shape[0]})())
     prop.begin(ids[0, :n])
     prop.ctx_kv = d.context_kv(d.context(aux), torch.arange(n - 1).view(1, -1))
     prop.committed = n - 1
-    return prop.block_logits(ids[0, :n])
+    return prop.block_hidden(ids[0, :n])  # [B, h]
 
 
 def test_peagle_config_and_tensors(exported, ckpts):
@@ -161,3 +176,15 @@ def test_speculators_loads_peagle_and_matches(exported, ckpts):
         theirs = model.lm_head(model.norm(y))[0, -k:]  # causal attention = the P-EAGLE mask for one chain
     assert torch.allclose(ours, theirs, atol=1e-5, rtol=0), (ours - theirs).abs().max()
     assert torch.equal(model.d2t, d.d2t) and torch.equal(model.mask_hidden, d.mask_hidden)
+
+
+def test_dspark_config_and_refusals(exported, ckpts, tmp_path):
+    config, tensors = read(exported["dspark"])
+    assert config["speculators_model_type"] == "dspark" and config["architectures"] == ["DSparkSpeculator"]
+    assert config["sample_from_anchor"] is True and config["markov_rank"] == 8
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 4  # every slot drafts
+    assert tensors["markov_head.markov_w1.weight"].shape == (259, 8)
+    assert tensors["markov_head.markov_w2.weight"].shape == (100, 8)
+    assert tensors["confidence_head.proj.weight"].shape == (1, 40)
+    with pytest.raises(ValueError, match="--to sglang does not take dspark"):
+        export(ckpts["dspark"][0], "sglang", tmp_path / "s", loaded=ckpts["dspark"][1])

@@ -39,8 +39,13 @@ def batch_for(target, drafter, b=2, s=12, seed=0):
 
 
 def reference_block(d, batch, row, p):
+    """One block anchored at p, written out -> [B, dv] backbone logits."""
+    return d.lm_head(reference_hidden(d, batch, row, p))
+
+
+def reference_hidden(d, batch, row, p):
     """One block anchored at p, written out: context features of positions < p, explicit key lists,
-    one softmax per query over [context keys, the block's keys]. -> [B, dv] logits."""
+    one softmax per query over [context keys, the block's keys]. -> [B, h] after the final norm."""
     B = d.block_size
     ids = batch["input_ids"][row]
     ctx = d.hidden_norm(d.fc(batch["aux_hidden_states"][row : row + 1, :p]))  # [1, p, h]
@@ -74,7 +79,7 @@ def reference_block(d, batch, row, p):
             outs.append(torch.cat(per_head))
         x = x + a.o_proj(torch.stack(outs)[None])
         x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return d.lm_head(d.norm(x))[0]
+    return d.norm(x)[0]
 
 
 def test_loss_matches_hand_written_reference():
