@@ -9,6 +9,8 @@ One round (DESIGN.md "Definitions"; Leviathan et al. 2023, Chen et al. 2023):
   4. rollback the target cache is cropped to the accepted prefix (cache.crop), never recomputed
   5. commit  context += d1..da, t; proposer.commit(context, a + 1, target output at those positions)
 k = 0 skips steps 1 and 5: plain target-only decoding through the same code (the speedup baseline).
+A proposer may return fewer than k drafts: that round's verify length (a block drafter's block size,
+DSpark's confidence head, n-gram misses). RoundStats.proposed records it; results carry it per round.
 
 Timing: draft = steps 1 + 5, verify = step 2, overhead = everything else in the round
 (verification arithmetic, cache crop, bookkeeping); measured with time.perf_counter, after

@@ -10,6 +10,7 @@ import torch
 from test_dflash import batch_for, reference_hidden
 
 from draftsmith import features
+from draftsmith.eval import metrics
 from draftsmith.eval.loop import LoopConfig, generate
 from draftsmith.eval.sampling import SamplingParams
 from draftsmith.heads.dspark import DSparkDrafter
@@ -121,6 +122,8 @@ def test_greedy_is_lossless_and_results_carry_verify_lengths(threshold):
     spec = generate(target, prop, prompt, LoopConfig(k=4, max_new_tokens=24))
     assert spec.tokens == base.tokens
     assert [r.proposed for r in spec.rounds if r.proposed] == sent  # the round log is the head's choice
+    verify_lengths = metrics.request_metrics(spec, base, 4)["verify_lengths"]  # what results JSON carries
+    assert [n for n in verify_lengths if n] == sent
 
 
 def test_stochastic_chain_probs():
