@@ -149,3 +149,17 @@ def test_trains_its_own_embedding_and_mask_hidden():
     assert d.embed_tokens.weight.data_ptr() != target.embed_tokens.weight.data_ptr()
     with pytest.raises(ValueError, match="num_depths"):
         PEagleDrafter.from_target(PEagleDrafter.Config(num_depths=0), target)
+
+
+def test_stochastic_parallel_proposal_carries_its_distributions():
+    from draftsmith.eval.sampling import SamplingParams
+
+    target, d = make(num_depths=3)
+    d.eval()
+    prompt = torch.randint(3, target.vocab_size, (6,), generator=torch.Generator().manual_seed(5))
+    prop = d.make_proposer(target)
+    prop.begin(prompt)
+    prop.commit(prompt, 5, target.forward(prompt[None, :-1]))
+    draft = prop.propose(prompt, 3, SamplingParams(temperature=0.7, top_p=0.9), torch.Generator().manual_seed(0))
+    assert draft.tokens.shape == (3,) and torch.allclose(draft.probs.sum(-1), torch.ones(3))
+    assert bool((draft.probs[torch.arange(3), draft.tokens] > 0).all()) and len(prop.cache) == 5
