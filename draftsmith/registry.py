@@ -27,8 +27,8 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         if name not in self._items:
-            hint = difflib.get_close_matches(name, self._items, n=1)
-            tip = f" (did you mean {hint[0]!r}?)" if hint else ""
+            hint = difflib.get_close_matches(name, self._items, n=2)  # 'eagle': both 'peagle' and 'eagle3' fit
+            tip = f" (did you mean {' or '.join(repr(h) for h in hint)}?)" if hint else ""
             raise UnknownNameError(f"unknown {self.axis} {name!r}{tip}; known: {', '.join(sorted(self._items))}")
         return self._items[name]
 

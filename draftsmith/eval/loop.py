@@ -13,6 +13,8 @@ BatchState runs B requests through the same round together (eval/batch.py: one b
 forward, ragged per-row acceptance, per-row rollback by gather). With LoopConfig.tree set, step 1
 drafts a tree and steps 2-4 verify it in one forward with a tree attention mask, accept a path and
 gather that path's cache entries (eval/tree.py).
+A proposer may return fewer than k drafts: that round's verify length (a block drafter's block size,
+DSpark's confidence head, n-gram misses). RoundStats.proposed records it; results carry it per round.
 
 Timing: draft = steps 1 + 5, verify = step 2, overhead = everything else in the round
 (verification arithmetic, cache crop, bookkeeping); measured with time.perf_counter on CPU, and

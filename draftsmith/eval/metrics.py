@@ -79,6 +79,7 @@ def request_metrics(spec: Generation, base: Generation, k: int) -> dict:
         "accepted": accepted_total,
         "proposed": proposed_total,
         "committed": sum(r.committed for r in rounds),
+        "verify_lengths": [r.proposed for r in rounds],  # drafts sent to verification, per round (<= k)
         "acceptance_length": sum(r.committed for r in rounds) / len(rounds) if rounds else float("nan"),
         "accepted_by_position": accepted_by_position,
         "reached_position": reached_position,

@@ -22,6 +22,7 @@ MLP speculator (vllm/model_executor/models/mlp_speculator.py): model_type "mlp_s
   inner_dim, n_predict, top_k_tokens_per_head, n_candidates, tie_weights, scale_input; tensors emb.{i},
   proj.{i}, head.{i}, ln.{i} (a tied model stores emb.0, proj.0, proj.1, head.0, ln.0). vLLM builds
   num_lookahead_tokens (= num_speculative_tokens) stages, so K must be <= n_predict.
+DFlash / DSpark (block drafters): the speculators layout in export/vllm_parallel.py; K <= one block's drafts.
 """
 from __future__ import annotations
 
@@ -54,10 +55,12 @@ from draftsmith.export.common import (
     sidecar,
     verifier_name,
 )
+from draftsmith.export import vllm_parallel as block
 from draftsmith.export.sglang import LLAMA_KEYS
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose loader this format is tested against
-METHODS = {"eagle3": "eagle3", "medusa": "medusa", "mlp_speculator": "mlp_speculator"}
+METHODS = {"eagle3": "eagle3", "medusa": "medusa", "mlp_speculator": "mlp_speculator", "dflash": "dflash",
+           "dspark": "dspark", "peagle": None}  # None: vLLM reads the method from the speculators config
 ADAPTER_DIR = "adapter"  # Medusa-2: the peft adapter the verifier must be served merged with
 
 
@@ -68,9 +71,10 @@ def is_medusa2(drafter) -> bool:
 def check_k(drafter, k: int) -> None:
     """vLLM builds K = num_speculative_tokens Medusa heads / MLP stages: more than were trained would
     run heads that no tensor fills."""
-    n = {"medusa": lambda: drafter.cfg.num_heads, "mlp_speculator": lambda: drafter.cfg.n_predict}.get(drafter.kind)
+    n = {"medusa": lambda: drafter.cfg.num_heads, "mlp_speculator": lambda: drafter.cfg.n_predict,
+         "peagle": lambda: drafter.cfg.num_depths}.get(drafter.kind)
     if n is not None and k > n():
-        what = "num_heads" if drafter.kind == "medusa" else "n_predict"
+        what = {"medusa": "num_heads", "mlp_speculator": "n_predict", "peagle": "num_depths"}[drafter.kind]
         raise ValueError(f"--num-speculative-tokens {k} exceeds the {drafter.kind} drafter's {what} = {n()}: vLLM would "
                          f"build {k} heads and leave {k - n()} of them uninitialised; pass --num-speculative-tokens <= "
                          f"{n()} or retrain with more (drafter.{what})")
@@ -80,7 +84,7 @@ def check_k(drafter, k: int) -> None:
 class VLLMExporter(Exporter):
     name = "vllm"
     engine = "vLLM"
-    kinds = ("eagle3", "medusa", "mlp_speculator")
+    kinds = ("eagle3", "medusa", "mlp_speculator", *block.BLOCK_KINDS, "peagle")
 
     # ------------------------------------------------------------------ build
     def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:
@@ -89,7 +93,13 @@ class VLLMExporter(Exporter):
         k = num_tokens(loaded, opts, self._default_k(loaded.drafter))
         check_k(loaded.drafter, k)
         writer, extra = None, {"num_speculative_tokens": k}
-        if kind == "eagle3":
+        if kind in block.BLOCK_KINDS:
+            block.check_k(loaded.drafter, k)
+            config, tensors = block.build(loaded, dtype, k, opts, SPECULATORS_VERSION)
+        elif kind == "peagle":
+            config = block.peagle_config(self._eagle3(loaded, dtype, k, opts)[0], loaded)
+            tensors = block.peagle_tensors(loaded, dtype)
+        elif kind == "eagle3":
             config, tensors = self._eagle3(loaded, dtype, k, opts)
         elif kind == "medusa":
             config, tensors = self._medusa(loaded, dtype, k)
@@ -104,7 +114,9 @@ class VLLMExporter(Exporter):
     @staticmethod
     def _default_k(drafter) -> int:
         c = drafter.cfg
-        return {"eagle3": lambda: c.ttt_steps, "medusa": lambda: c.num_heads, "mlp_speculator": lambda: c.n_predict}[
+        if drafter.kind in block.BLOCK_KINDS:
+            return block.speculative_tokens(drafter)
+        return {"eagle3": lambda: c.ttt_steps, "peagle": lambda: c.num_depths, "medusa": lambda: c.num_heads, "mlp_speculator": lambda: c.n_predict}[
             drafter.kind]()
 
     def _eagle3(self, loaded, dtype, k: int, opts: ExportOptions):
@@ -179,6 +191,10 @@ class VLLMExporter(Exporter):
 
     # ------------------------------------------------------------------ contract
     def required_config_keys(self, kind: str) -> list[str]:
+        if kind in block.BLOCK_KINDS:
+            return block.required_keys(kind)
+        if kind == "peagle":
+            return [*self.required_config_keys("eagle3"), "mask_token_id"]
         if kind == "eagle3":
             return ["architectures", "speculators_model_type", "draft_vocab_size", "norm_before_residual",
                     "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
@@ -194,6 +210,13 @@ class VLLMExporter(Exporter):
 
     def expected_tensors(self, config: dict, kind: str) -> dict[str, TensorSpec]:
         dtype = DTYPES[config["torch_dtype"]]
+        if kind in block.BLOCK_KINDS:
+            return block.tensor_spec(config, kind, dtype)
+        if kind == "peagle":
+            spec = {**self.expected_tensors(config, "eagle3"), **block.peagle_spec_extra(config, dtype)}
+            if config["draft_vocab_size"] == config["transformer_layer_config"]["vocab_size"]:
+                spec.pop("d2t"), spec.pop("t2d")
+            return spec
         if kind == "eagle3":
             return eagle3_tensor_spec(
                 config["transformer_layer_config"], config["draft_vocab_size"],
@@ -216,10 +239,14 @@ class VLLMExporter(Exporter):
         return config.get("transformer_layer_config") if "speculators_model_type" in config else None
 
     def check_format(self, export_dir: Path, config: dict, tensors: dict, loaded) -> list[str]:
+        if loaded.drafter.kind in block.BLOCK_KINDS:
+            return block.check_format(config, tensors, loaded)
         if loaded.drafter.kind == "medusa":
             return check_medusa(export_dir, config, loaded)
         if loaded.drafter.kind == "mlp_speculator":
             return check_mlp(config, loaded)
+        if loaded.drafter.kind == "peagle":
+            return block.peagle_check(config, tensors, loaded)
         problems = []
         if config["architectures"] != ["Eagle3Speculator"] or config["speculators_model_type"] != "eagle3":
             problems.append("config.json: needs architectures ['Eagle3Speculator'] and speculators_model_type 'eagle3'")
@@ -247,6 +274,9 @@ class VLLMExporter(Exporter):
             weights = rename(tensors, "layers.0.", "midlayer.")
             weights.pop("embed_tokens.weight")  # the target's; checked in check_format
             return eagle3_from_weights(weights, loaded, str(export_dir))
+        if kind in block.BLOCK_KINDS or kind == "peagle":
+            tensors = block.drafter_weights(tensors, loaded, keep_embedding=kind == "peagle")
+            tensors = rename(tensors, "layers.0.", "midlayer.") if kind == "peagle" else tensors
         return load_plain(tensors, loaded, str(export_dir))
 
     def reference_drafter(self, loaded, dtype: torch.dtype):
@@ -256,7 +286,8 @@ class VLLMExporter(Exporter):
 
     def serve_command(self, out_dir: Path, loaded, opts: ExportOptions) -> str:
         k = num_tokens(loaded, opts, self._default_k(loaded.drafter))
-        spec = json.dumps({"model": str(out_dir), "num_speculative_tokens": k, "method": METHODS[loaded.drafter.kind]})
+        method = METHODS[loaded.drafter.kind]
+        spec = json.dumps({"model": str(out_dir), "num_speculative_tokens": k, **({"method": method} if method else {})})
         verifier = verifier_name(loaded, opts)
         if not is_medusa2(loaded.drafter):
             return f"vllm serve {shlex.quote(verifier)} --speculative-config {shlex.quote(spec)}"

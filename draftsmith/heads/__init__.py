@@ -5,5 +5,6 @@ from draftsmith.registry import Registry
 
 DRAFTERS: Registry = Registry("drafter kind")
 
-# Each import registers one kind: "draft_lm", "eagle1", "eagle3", "medusa", "mlp_speculator".
-from draftsmith.heads import draft_lm, eagle1, eagle3, medusa, mlp_speculator  # noqa: E402,F401
+# Each import registers one kind: "draft_lm", "eagle1", "eagle3", "medusa", "mlp_speculator", "dflash",
+# "dspark", "peagle".
+from draftsmith.heads import dflash, draft_lm, dspark, eagle1, eagle3, medusa, mlp_speculator, peagle  # noqa: E402,F401

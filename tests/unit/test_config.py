@@ -28,7 +28,7 @@ def test_all_problems_reported_at_once_with_suggestions():
 
 
 def test_unknown_drafter_kind_is_named():
-    with pytest.raises(config.ConfigError, match="unknown drafter kind 'eagle'.*did you mean 'eagle3'"):
+    with pytest.raises(config.ConfigError, match="unknown drafter kind 'eagle'.*did you mean .*'eagle3'"):
         config.from_dict({"drafter": {"kind": "eagle"}})
 
 

@@ -1,0 +1,203 @@
+"""vLLM (speculators format) for the parallel drafters: DFlash and DSpark (block drafters), P-EAGLE.
+vllm.py calls these for those kinds; the EAGLE-3 / Medusa / MLP layouts stay in vllm.py.
+
+Read from speculators 0.9.0 (models/dflash/config.py, core.py; models/dspark/config.py, core.py):
+  config.json  speculators_model_type "dflash" | "dspark", architectures ["DFlashSpeculator"] |
+               ["DSparkSpeculator"], draft_vocab_size, block_size, target_hidden_size,
+               aux_hidden_state_layer_ids (draftsmith ids: hidden_states[i], the input of layer i),
+               mask_token_id, sample_from_anchor (false for DFlash: slot 0 is the anchor, so a block
+               proposes block_size - 1 tokens), sliding_window_non_causal false,
+               transformer_layer_config (a Qwen3 config: q_norm/k_norm on heads; num_hidden_layers =
+               draft layers; rope and max positions from the target), speculators_config
+               {algorithm, proposal_methods [{greedy, speculative_tokens}], verifier}
+               dspark adds markov_rank, markov_head_type "vanilla", enable_confidence_head,
+               confidence_head_with_markov.
+  tensors      fc, hidden_norm, layers.{i}.{input_layernorm, post_attention_layernorm,
+               self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm, mlp.{gate,up,down}_proj}, norm,
+               lm_head, embed_tokens (the target's: speculators' loader leaves NaN otherwise);
+               d2t / t2d only with a reduced draft vocabulary (speculators registers no such
+               buffers for a full one); dspark adds markov_head.markov_w1 [V, r],
+               markov_head.markov_w2 [dv, r], confidence_head.proj.{weight, bias}.
+"""
+from __future__ import annotations
+
+import torch
+
+from draftsmith.export.common import TensorSpec, cast_floats, dtype_name, llama_fields, verifier_name
+
+BLOCK_KINDS = ("dflash", "dspark")
+ARCH = {"dflash": "DFlashSpeculator", "dspark": "DSparkSpeculator"}
+
+
+def speculative_tokens(drafter) -> int:
+    """Tokens one block proposes: block_size - 1 (slot 0 is the anchor) unless sample_from_anchor."""
+    return drafter.block_size - (0 if getattr(drafter, "sample_from_anchor", False) else 1)
+
+
+def check_k(drafter, k: int) -> None:
+    most = speculative_tokens(drafter)
+    if k > most:
+        raise ValueError(f"--num-speculative-tokens {k} exceeds what one {drafter.kind} block drafts ({most} = "
+                         f"block_size {drafter.block_size} - anchor); pass --num-speculative-tokens <= {most} or "
+                         "retrain with a larger drafter.block_size")
+
+
+def full_vocab(drafter) -> bool:
+    return drafter.d2t.shape[0] == drafter.t2d.shape[0]
+
+
+def build(loaded, dtype: torch.dtype, k: int, opts, version: str) -> tuple[dict, dict]:
+    d, target = loaded.drafter, loaded.target
+    layer = {**llama_fields(d.layer_config, target.config, dtype), "model_type": "qwen3",
+             "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": len(d.layers), "use_sliding_window": False}
+    config = {
+        "architectures": [ARCH[d.kind]],
+        "speculators_model_type": d.kind,
+        "speculators_version": version,
+        "draft_vocab_size": int(d.d2t.shape[0]),
+        "block_size": d.block_size,
+        "target_hidden_size": target.hidden_size,
+        "aux_hidden_state_layer_ids": list(d.aux_layer_ids),
+        "mask_token_id": d.mask_token_id,
+        "sample_from_anchor": bool(getattr(d, "sample_from_anchor", False)),
+        "sliding_window_non_causal": False,
+        "transformer_layer_config": layer,
+        "speculators_config": {
+            "algorithm": d.kind,
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": k,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "verifier": {"name_or_path": verifier_name(loaded, opts),
+                         "architectures": list(getattr(target.config, "architectures", None) or [])},
+        },
+        "torch_dtype": dtype_name(dtype),
+        "dtype": dtype_name(dtype),
+    }
+    if d.kind == "dspark":
+        config.update(markov_rank=d.cfg.markov_rank, markov_head_type="vanilla", enable_confidence_head=True,
+                      confidence_head_with_markov=True)
+    tensors = cast_floats(d.state_dict_for_export(), dtype)
+    if full_vocab(d):
+        tensors.pop("d2t"), tensors.pop("t2d")
+    tensors["embed_tokens.weight"] = target.embed_tokens.weight.detach().to(dtype).cpu().contiguous()
+    return config, tensors
+
+
+def required_keys(kind: str) -> list[str]:
+    keys = ["architectures", "speculators_model_type", "draft_vocab_size", "block_size", "target_hidden_size",
+            "aux_hidden_state_layer_ids", "mask_token_id", "sample_from_anchor",
+            *(f"transformer_layer_config.{k}" for k in (
+                "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "rms_norm_eps", "vocab_size", "max_position_embeddings",
+                "rope_theta", "hidden_act")),
+            "speculators_config.algorithm", "speculators_config.default_proposal_method",
+            "speculators_config.proposal_methods", "speculators_config.verifier.name_or_path", "torch_dtype"]
+    if kind == "dspark":
+        keys += ["markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov"]
+    return keys
+
+
+def tensor_spec(config: dict, kind: str, dtype: torch.dtype) -> dict[str, TensorSpec]:
+    lc = config["transformer_layer_config"]
+    h, inter, d = lc["hidden_size"], lc["intermediate_size"], lc["head_dim"]
+    H, KV, V, dv = lc["num_attention_heads"], lc["num_key_value_heads"], lc["vocab_size"], config["draft_vocab_size"]
+    n_aux = len(config["aux_hidden_state_layer_ids"])
+    spec = {"fc.weight": TensorSpec((h, n_aux * config["target_hidden_size"]), dtype),
+            "hidden_norm.weight": TensorSpec((h,), dtype), "norm.weight": TensorSpec((h,), dtype),
+            "lm_head.weight": TensorSpec((dv, h), dtype), "embed_tokens.weight": TensorSpec((V, h), dtype)}
+    for i in range(lc["num_hidden_layers"]):
+        p = f"layers.{i}."
+        spec.update({
+            p + "input_layernorm.weight": TensorSpec((h,), dtype),
+            p + "post_attention_layernorm.weight": TensorSpec((h,), dtype),
+            p + "self_attn.q_proj.weight": TensorSpec((H * d, h), dtype),
+            p + "self_attn.k_proj.weight": TensorSpec((KV * d, h), dtype),
+            p + "self_attn.v_proj.weight": TensorSpec((KV * d, h), dtype),
+            p + "self_attn.o_proj.weight": TensorSpec((h, H * d), dtype),
+            p + "self_attn.q_norm.weight": TensorSpec((d,), dtype),
+            p + "self_attn.k_norm.weight": TensorSpec((d,), dtype),
+            p + "mlp.gate_proj.weight": TensorSpec((inter, h), dtype),
+            p + "mlp.up_proj.weight": TensorSpec((inter, h), dtype),
+            p + "mlp.down_proj.weight": TensorSpec((h, inter), dtype),
+        })
+    if dv != V:
+        spec["d2t"] = TensorSpec((dv,), torch.int64)
+        spec["t2d"] = TensorSpec((V,), torch.bool)
+    if kind == "dspark":
+        r = config["markov_rank"]
+        spec.update({"markov_head.markov_w1.weight": TensorSpec((V, r), dtype),
+                     "markov_head.markov_w2.weight": TensorSpec((dv, r), dtype),
+                     "confidence_head.proj.weight": TensorSpec((1, h + r), dtype),
+                     "confidence_head.proj.bias": TensorSpec((1,), dtype)})
+    return spec
+
+
+def check_format(config: dict, tensors: dict, loaded) -> list[str]:
+    d = loaded.drafter
+    problems = []
+    want = {"architectures": [ARCH[d.kind]], "speculators_model_type": d.kind, "block_size": d.block_size,
+            "aux_hidden_state_layer_ids": list(d.aux_layer_ids), "mask_token_id": d.mask_token_id,
+            "sample_from_anchor": bool(getattr(d, "sample_from_anchor", False))}
+    problems += [f"config.json: {key} is {config.get(key)!r}, the trained drafter's is {value!r}"
+                 for key, value in want.items() if config.get(key) != value]
+    k = config["speculators_config"]["proposal_methods"][0].get("speculative_tokens") or 0
+    if not 1 <= k <= speculative_tokens(d):
+        problems.append(f"config.json: speculative_tokens {k} must lie in 1..{speculative_tokens(d)} (one block)")
+    embed = loaded.target.embed_tokens.weight.detach().cpu().to(tensors["embed_tokens.weight"].dtype)
+    if not torch.equal(tensors["embed_tokens.weight"], embed):
+        problems.append("model.safetensors: embed_tokens.weight differs from the target's embedding")
+    if "d2t" in tensors and not torch.equal(tensors["d2t"].long(), d.d2t.cpu()):
+        problems.append("model.safetensors: d2t differs from the mapping the drafter was trained with")
+    return problems
+
+
+def drafter_weights(tensors: dict[str, torch.Tensor], loaded, keep_embedding: bool = False) -> dict[str, torch.Tensor]:
+    """Export tensors -> the drafter's own state_dict names (full-vocabulary exports carry no d2t/t2d;
+    the embedding is the target's, except P-EAGLE's own)."""
+    weights = {k: v for k, v in tensors.items() if keep_embedding or k != "embed_tokens.weight"}
+    if "d2t" not in weights:
+        V = loaded.target.vocab_size
+        weights["d2t"] = torch.zeros(V, dtype=torch.long)
+        weights["t2d"] = torch.ones(V, dtype=torch.bool)
+    return weights
+
+
+# --------------------------------------------------------------------------- P-EAGLE
+# speculators.models.peagle: the EAGLE-3 layout (config keys, layers.0.*) plus speculators_model_type
+# "peagle", architectures ["PEagleSpeculator"], mask_token_id, embed_requires_grad true, and tensors
+# mask_hidden [1, 1, n*h] and embed_tokens (the drafter's own trained copy, not the target's). vLLM
+# (>= 0.16, PR 41826) maps speculators_model_type "peagle" onto method "eagle" with parallel_drafting.
+def peagle_config(eagle3_config: dict, loaded) -> dict:
+    d = loaded.drafter
+    config = {**eagle3_config, "architectures": ["PEagleSpeculator"], "speculators_model_type": "peagle",
+              "mask_token_id": d.mask_token_id, "embed_requires_grad": bool(d.cfg.train_embedding)}
+    config["speculators_config"] = {**config["speculators_config"], "algorithm": "peagle"}
+    return config
+
+
+def peagle_tensors(loaded, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    tensors = cast_floats(loaded.drafter.state_dict_for_export(), dtype)
+    tensors = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in tensors.items()}
+    if full_vocab(loaded.drafter):
+        tensors.pop("d2t"), tensors.pop("t2d")
+    return tensors
+
+
+def peagle_spec_extra(config: dict, dtype: torch.dtype) -> dict[str, TensorSpec]:
+    n_aux = len(config["eagle_aux_hidden_state_layer_ids"])
+    return {"mask_hidden": TensorSpec((1, 1, n_aux * config["target_hidden_size"]), dtype)}
+
+
+def peagle_check(config: dict, tensors: dict, loaded) -> list[str]:
+    d = loaded.drafter
+    problems = []
+    if config.get("mask_token_id") != d.mask_token_id:
+        problems.append(f"config.json: mask_token_id is {config.get('mask_token_id')!r}, the drafter was trained with "
+                        f"{d.mask_token_id}")
+    k = config["speculators_config"]["proposal_methods"][0].get("speculative_tokens") or 0
+    if not 1 <= k <= d.cfg.num_depths:
+        problems.append(f"config.json: speculative_tokens {k} must lie in 1..{d.cfg.num_depths} (the trained depths)")
+    own = d.embed_tokens.weight.detach().cpu().to(tensors["embed_tokens.weight"].dtype)
+    if not torch.equal(tensors["embed_tokens.weight"], own):
+        problems.append("model.safetensors: embed_tokens.weight is not the drafter's own trained embedding")
+    return problems
