@@ -47,7 +47,7 @@ def interleaved_timing(kinds: list[str], args) -> dict:
 
     loaded = {k: checkpoint.load_drafter(args.out / "runs" / k / "final", device="cpu") for k in kinds}
     target = next(iter(loaded.values())).target
-    proposers = {k: l.drafter.eval().make_proposer(l.target) for k, l in loaded.items()}
+    proposers = {k: ld.drafter.eval().make_proposer(ld.target) for k, ld in loaded.items()}
     prompts = [workloads.encode(item, target.tokenizer)[0] for w in args.workloads.split(",")
                for item in workloads.load(w, num_prompts=args.num_prompts)]
     cfg, base_cfg = LoopConfig(k=args.k, max_new_tokens=args.max_new_tokens), LoopConfig(k=0, max_new_tokens=args.max_new_tokens)

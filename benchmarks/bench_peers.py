@@ -127,13 +127,13 @@ def walk_rounds(preds: list[list[int]], seq: list[int], prompt_len: int, new_tok
 
 
 @torch.no_grad()
-def target_features(target, seq: torch.Tensor, layers: list[int] = AUX) -> dict:
-    """[1, s] ids -> aux hidden states [1, s, n*h] of `layers`, pre-norm last hidden [1, s, h], logits [1, s, V]."""
+def target_features(target, seq: torch.Tensor, layers: list[int] = AUX, attention_mask=None) -> dict:
+    """[b, s] ids -> aux hidden states [b, s, n*h] of `layers`, pre-norm last hidden [b, s, h], logits [b, s, V]."""
     captured = {}
     norm = target.model.model.norm
     handle = norm.register_forward_hook(lambda mod, inp, out: captured.__setitem__("pre", inp[0]))
     try:
-        out = target.forward(seq)
+        out = target.forward(seq, attention_mask=attention_mask)
     finally:
         handle.remove()
     return {"aux": torch.cat([out.hidden_states[i] for i in layers], dim=-1), "last_pre": captured["pre"],
@@ -204,9 +204,8 @@ def train_draftsmith(data_file, out_dir, steps, seed, overrides):
 
 
 def speculators_model(target):
-    from transformers import AutoConfig
-
     from speculators.models.eagle3 import Eagle3DraftModel
+    from transformers import AutoConfig
 
     verifier = AutoConfig.from_pretrained(STORIES)
     verifier.num_hidden_layers = 1  # the draft's own layer count
@@ -245,14 +244,7 @@ def train_speculators(target, trainer, steps: int, seed: int):
     stream = trainer.stream  # the very batches draftsmith trains on (same seed, same order)
     for _ in range(steps):
         batch = next(stream)
-        captured = {}
-        with torch.no_grad():
-            handle = target.model.model.norm.register_forward_hook(lambda m, i, o: captured.__setitem__("pre", i[0]))
-            try:
-                out = target.forward(batch["input_ids"], attention_mask=batch["attention_mask"])
-            finally:
-                handle.remove()
-        feats = {"aux": torch.cat([out.hidden_states[i] for i in AUX], dim=-1), "last_pre": captured["pre"]}
+        feats = target_features(target, batch["input_ids"], attention_mask=batch["attention_mask"])
         packed = pack(batch, feats)
         _, loss, _ = model(**packed, ttt_steps=3, ttt_step_loss_decay=1.0, loss_config=loss_config)
         opt.zero_grad()

@@ -35,6 +35,7 @@ import torch
 
 from draftsmith import config as config_mod
 from draftsmith.export import EXPORTERS
+from draftsmith.export import vllm_parallel as block
 from draftsmith.export.common import (
     DTYPES,
     Exporter,
@@ -55,7 +56,6 @@ from draftsmith.export.common import (
     sidecar,
     verifier_name,
 )
-from draftsmith.export import vllm_parallel as block
 from draftsmith.export.sglang import LLAMA_KEYS
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose loader this format is tested against

@@ -15,8 +15,9 @@ import math
 
 import torch
 from torch import nn
-from draftsmith.data import packing
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from draftsmith.data import packing
 
 
 def draft_layer_config(target_config, num_heads=None, num_kv_heads=None, intermediate_size=None):

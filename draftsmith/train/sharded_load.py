@@ -151,7 +151,7 @@ def load_target_sharded(ctx, tcfg) -> target_mod.Target:
         fully_shard(layer)
     model.to_empty(device=ctx.device)  # 3.
     _load_local(model, weights, tied)  # 4.
-    for name, module in list(model.named_modules()):
+    for _name, module in list(model.named_modules()):
         if hasattr(module, "inv_freq"):  # non-persistent rotary buffers: rebuild them from the config
             with torch.device(ctx.device):
                 fresh = type(module)(config=module.config)

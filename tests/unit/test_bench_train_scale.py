@@ -6,7 +6,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-import torch
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_train_scale.py"
 

@@ -55,7 +55,7 @@ def reference_hidden(d, batch, row, p):
         a = layer.self_attn
         xn = layer.input_layernorm(x)
 
-        def heads(t, n):
+        def heads(t, n, a=a):
             return t.view(1, t.shape[1], n, a.head_dim).transpose(1, 2)
 
         cos_c, sin_c = d.rotary(ctx, pos_ctx)

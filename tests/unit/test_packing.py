@@ -104,4 +104,4 @@ def test_train_loop_runs_packed(tiny_run):
     trainer = Trainer(cfg)
     assert isinstance(trainer.train_set, packing.PackedDataset) and len(trainer.train_set) < 20
     result = trainer.run()
-    assert len(result.losses) == 2 and all(l == l for l in result.losses)  # finite (not NaN)
+    assert len(result.losses) == 2 and all(x == x for x in result.losses)  # finite (not NaN)

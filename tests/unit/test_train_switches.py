@@ -21,7 +21,7 @@ def test_kernels_and_checkpointing_give_the_same_losses(tiny_run):
 
 def test_compile_switch_trains(tiny_run):
     result = train(tiny_run("compiled", "train.max_steps=2", "train.compile=eager"))
-    assert len(result.losses) == 2 and all(l == l for l in result.losses)
+    assert len(result.losses) == 2 and all(x == x for x in result.losses)
 
 
 def test_bad_kernel_name_is_a_config_error(tiny_run):
