@@ -301,14 +301,20 @@ def eagle3_norm_problems(config: dict, drafter) -> list[str]:
     """config.json's EAGLE 3.1 fields against the trained drafter's options."""
     problems = []
     for key in ("norm_before_residual", "fc_norm", "norm_output"):
-        if key in config and config[key] is not getattr(drafter.cfg, key):
+        trained = bool(getattr(drafter.cfg, key, False))  # kinds without the option run it off
+        if key in config and config[key] is not trained:
             problems.append(f"config.json: {key} is {config[key]!r} but the drafter was trained with "
-                            f"drafter.{key}={getattr(drafter.cfg, key)!r}")
+                            f"drafter.{key}={trained!r}")
     return problems
 
 
 def eagle3_weights(loaded, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The trained drafter's tensors in draftsmith (= SGLang) names, cast to the export dtype."""
+    last = loaded.target.num_layers
+    if last in loaded.drafter.aux_layer_ids:
+        raise ValueError(f"drafter.aux_layer_ids {loaded.drafter.aux_layer_ids} include {last}, the target's final "
+                         "post-norm hidden state, which no serving engine captures for a draft; retrain with ids "
+                         f"in 0..{last - 1} to export")
     return cast_floats(loaded.drafter.state_dict_for_export(), dtype)
 
 

@@ -128,10 +128,10 @@ class VLLMExporter(Exporter):
             "speculators_version": SPECULATORS_VERSION,
             "draft_vocab_size": int(d.d2t.shape[0]),
             # written explicitly: vLLM defaults a missing norm_before_residual to true
-            "norm_before_residual": bool(d.cfg.norm_before_residual),
+            "norm_before_residual": bool(getattr(d.cfg, "norm_before_residual", False)),  # P-EAGLE has no 3.1 options
             "norm_before_fc": False,
-            "fc_norm": bool(d.cfg.fc_norm),
-            "norm_output": bool(d.cfg.norm_output),
+            "fc_norm": bool(getattr(d.cfg, "fc_norm", False)),
+            "norm_output": bool(getattr(d.cfg, "norm_output", False)),
             "target_hidden_size": target.hidden_size,
             "eagle_aux_hidden_state_layer_ids": list(d.aux_layer_ids),
             "transformer_layer_config": layer,

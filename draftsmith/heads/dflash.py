@@ -41,7 +41,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, app
 
 from draftsmith.eval.sampling import logits_to_probs, sample
 from draftsmith.heads import DRAFTERS
-from draftsmith.heads.base import Draft, Drafter, StepOutput
+from draftsmith.heads.base import range_problems, Draft, Drafter, StepOutput
 from draftsmith.heads.draft_layer import draft_layer_config, rotary
 from draftsmith.target import default_aux_layer_ids
 
@@ -326,6 +326,10 @@ class DFlashDrafter(BlockDrafting, Drafter):
         num_heads: Optional[int] = None
         num_kv_heads: Optional[int] = None
         intermediate_size: Optional[int] = None
+
+        def problems(self) -> list[str]:
+            """Ranges `config.load` and `draftsmith validate` report (one message per bad option)."""
+            return range_problems(self, {"block_size": ">= 2", "num_layers": ">= 1", "num_anchors": ">= 1", "loss_decay_gamma": "> 0", "mask_token_id": ">= 0", "draft_vocab_size": ">= 2", "num_heads": ">= 1", "num_kv_heads": ">= 1", "intermediate_size": ">= 1", "aux_layer_ids": ">= 0"})
 
     def __init__(self, cfg, layer_config, aux_layer_ids: list[int], draft_vocab_size: int, target_vocab_size: int,
                  embed_tokens: nn.Embedding, mask_token_id: int):

@@ -29,7 +29,7 @@ from torch import nn
 
 from draftsmith.eval.sampling import sample
 from draftsmith.heads import DRAFTERS
-from draftsmith.heads.base import Draft, Drafter, StepOutput
+from draftsmith.heads.base import range_problems, Draft, Drafter, StepOutput
 from draftsmith.heads.dflash import BlockDrafting, BlockProposer, slot_metrics
 
 
@@ -87,6 +87,10 @@ class DSparkDrafter(BlockDrafting, Drafter):
         num_heads: Optional[int] = None
         num_kv_heads: Optional[int] = None
         intermediate_size: Optional[int] = None
+
+        def problems(self) -> list[str]:
+            """Ranges `config.load` and `draftsmith validate` report (one message per bad option)."""
+            return range_problems(self, {"block_size": ">= 2", "num_layers": ">= 1", "num_anchors": ">= 1", "loss_decay_gamma": "> 0", "markov_rank": ">= 1", "confidence_weight": ">= 0", "confidence_threshold": ">= 0 and < 1", "mask_token_id": ">= 0", "draft_vocab_size": ">= 2", "num_heads": ">= 1", "num_kv_heads": ">= 1", "intermediate_size": ">= 1", "aux_layer_ids": ">= 0"})
 
     def __init__(self, cfg, layer_config, aux_layer_ids: list[int], draft_vocab_size: int, target_vocab_size: int,
                  embed_tokens: nn.Embedding, mask_token_id: int):

@@ -49,23 +49,25 @@ class Eagle3Drafter(Drafter):
         draft_vocab_size: Optional[int] = None
         # Training-time-test unroll length: how many chained draft steps are trained.
         ttt_steps: int = 7
-        # Loss weight of unroll step t is step_decay ** t (1.0: every step counts the same; the
-        # ablation in docs/benchmarks.md found decay < 1 lowers acceptance).
+        # Loss weight of unroll step t is step_decay ** t (later steps matter less; with the other
+        # defaults 0.8 beat 1.0 by 0.05 tau on stories260K, docs/benchmarks.md "EAGLE-3 ablation").
         step_decay: float = 0.8
         # Draft layer shape; None copies the target's.
         num_heads: Optional[int] = None
         num_kv_heads: Optional[int] = None
         intermediate_size: Optional[int] = None
         # The attention residual is the normed hidden state instead of the raw one (speculators'
-        # norm_before_residual; vLLM reads the same field).
+        # norm_before_residual; vLLM reads it, SGLang and TensorRT-LLM cannot run it). No measured gain,
+        # so off: every engine can serve the default.
         norm_before_residual: bool = False
         # EAGLE 3.1: one RMSNorm per aux layer before fc (the target's layers differ in scale).
         fc_norm: bool = False
         # EAGLE 3.1: the next unroll step reads the post-norm state (post-norm feedback).
         norm_output: bool = False
         # Labels: 0 = soft forward KL against the target's distribution over the draft vocabulary,
-        # 1 = cross-entropy on the target's argmax, in between a mix (1-w) * KL + w * CE.
-        hard_label_weight: float = 0.0
+        # 1 = cross-entropy on the target's argmax, in between a mix (1-w) * KL + w * CE. The mix
+        # trains the argmax that greedy verification checks while keeping q close to p for sampling.
+        hard_label_weight: float = 0.5
         # Drop positions whose target argmax lies outside the draft vocabulary from the loss
         # (SpecForge); they can never be accepted, so their soft label only teaches a wrong mode.
         mask_out_of_vocab: bool = False
@@ -74,9 +76,9 @@ class Eagle3Drafter(Drafter):
         lm_head_init: Literal["target", "random"] = "target"
         # Keep lm_head frozen at its start (speculators freezes the copied verifier head).
         freeze_lm_head: bool = False
-        # Normal(0, init_std) for every trainable linear layer (HF's initializer_range); None keeps
-        # torch's default (Kaiming-uniform) init.
-        init_std: Optional[float] = None
+        # Normal(0, init_std) for every trainable linear layer (HF's initializer_range; lm_head too when
+        # lm_head_init=random); None keeps torch's default (Kaiming-uniform) init, which trained slower.
+        init_std: Optional[float] = 0.02
         # Uniform noise U(-a, a) added to the aux hidden states during training (EAGLE-1's feature
         # noise); 0 disables it.
         feature_noise: float = 0.0

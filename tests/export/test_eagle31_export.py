@@ -85,3 +85,12 @@ def test_fc_norm_and_norm_output_reach_sglang_and_trtllm(no_nbr, tmp_path, fmt):
     config = json.loads((out / "config.json").read_text())
     assert config["fc_norm"] is True and config["norm_output"] is True
     assert {f"fc_norm.{i}.weight" for i in range(3)} <= set(load_file(str(out / "model.safetensors")))
+
+
+def test_final_hidden_state_feature_trains_but_is_refused_at_export(tmp_path):
+    """aux id L (the target's final hidden state) is a training option; no engine captures it."""
+    ckpt = make_checkpoint(tmp_path / "last", "eagle3", {"ttt_steps": 2, "aux_layer_ids": [1, 2, 4]})
+    loaded = checkpoint.load_drafter(ckpt, device="cpu")
+    assert loaded.target.num_layers == 4
+    with pytest.raises(ValueError, match="final post-norm hidden state"):
+        export(ckpt, "vllm", tmp_path / "vllm", loaded=loaded)
