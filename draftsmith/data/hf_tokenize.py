@@ -142,7 +142,6 @@ def build(data_cfg, tokenizer, report, num_proc: int, cache_dir: str | None = No
     input_ids: list[torch.Tensor] = []
     loss_mask: list[torch.Tensor] = []
     ids: list[str] = []
-    names: dict[str, str] = {}
     for file, line, row_id, seqs, masks, truncated, reason, detail in _columns(tokenized):
         report.read += 1
         if reason:
@@ -150,7 +149,7 @@ def build(data_cfg, tokenizer, report, num_proc: int, cache_dir: str | None = No
             continue
         report.used += 1
         report.truncated += int(truncated)
-        name = row_id or f"{names.setdefault(file, Path(file).name)}:{line}"
+        name = row_id or f"{os.path.normpath(file)}:{line}"  # as formats.normalize names rows: unique over files
         for k, (seq, mask) in enumerate(zip(seqs, masks)):
             input_ids.append(seq)
             loss_mask.append(mask)
