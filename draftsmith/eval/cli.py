@@ -21,7 +21,7 @@ import torch
 
 from draftsmith.errors import UserError
 from draftsmith.eval import proposers, results, runner, workloads
-from draftsmith.eval.sampling import VERIFICATION_RULES, SamplingParams, rule_name
+from draftsmith.sampling import VERIFICATION_RULES, SamplingParams, rule_name
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -64,7 +64,7 @@ class Proposer(Protocol):
         prompt length minus 1 plus the first generated token, i.e. len(prompt))."""
 
     def propose(self, context: torch.Tensor, k: int, sampling, generator: torch.Generator | None) -> Draft:
-        """Propose k tokens following context. `sampling` is eval.sampling.SamplingParams."""
+        """Propose k tokens following context. `sampling` is draftsmith.sampling.SamplingParams."""
 
 
 _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
@@ -135,3 +135,30 @@ class Drafter(nn.Module):
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
+
+
+class FedNodes:
+    """Ancestor bookkeeping for a proposer's own tree attention during tree drafting: which fed
+    node may attend to which (itself and its fed ancestors)."""
+
+    def __init__(self, device):
+        self.anc = torch.zeros(0, 0, dtype=torch.bool, device=device)  # [F, F]
+
+    def __len__(self) -> int:
+        return self.anc.shape[0]
+
+    def add(self, parents: torch.Tensor, n_prefix: int) -> torch.Tensor:
+        """Feed m nodes with fed-parent indices `parents` [m] -> attention rows [m, n_prefix + F + m]
+        (True = attend): the whole prefix, the ancestors among the F earlier fed nodes, itself."""
+        m, f = parents.shape[0], len(self)
+        rows = torch.zeros(m, f + m, dtype=torch.bool, device=self.anc.device)
+        has = parents >= 0
+        if has.any():
+            rows[has, :f] = self.anc[parents[has]]
+        rows[:, f:] = torch.eye(m, dtype=torch.bool, device=self.anc.device)
+        grown = torch.zeros(f + m, f + m, dtype=torch.bool, device=self.anc.device)
+        grown[:f, :f] = self.anc
+        grown[f:] = rows
+        self.anc = grown
+        prefix = torch.ones(m, n_prefix, dtype=torch.bool, device=self.anc.device)
+        return torch.cat([prefix, rows], dim=1)  # [m, n_prefix + F + m]

@@ -29,9 +29,9 @@ import torch
 from torch import nn
 
 from draftsmith.data import packing
-from draftsmith.eval.sampling import logits_to_probs, sample
 from draftsmith.heads import DRAFTERS
 from draftsmith.heads.base import Draft, Drafter, StepOutput, range_problems
+from draftsmith.sampling import logits_to_probs, sample
 
 
 class SpeculatorNorm(nn.Module):

@@ -95,7 +95,7 @@ def test_cli_end_to_end_writes_results(tmp_path, capsys):
 def test_lossless_mismatch_fails_the_run(tmp_path, monkeypatch):
     """A lossy rule (accept every draft) must be caught with the prompt id and first differing position."""
     from draftsmith.eval import loop
-    from draftsmith.eval.sampling import Verdict
+    from draftsmith.sampling import Verdict
 
     stories = shared_path(STORIES)
     monkeypatch.setattr(loop, "verify", lambda d, q, logits, params, gen: Verdict(d.shape[0], int(logits[-1].argmax())))
