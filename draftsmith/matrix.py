@@ -124,7 +124,7 @@ def check_export(loaded, fmt: str, out: Path) -> str:
 
 
 def run_cell(arch: str, kind: str, target, target_dir: Path, data: Path, workdir: Path, base: list[int]) -> Cell:
-    from draftsmith.train import checkpoint
+    from draftsmith import checkpoint
     from draftsmith.train.loop import Trainer
 
     start = time.perf_counter()

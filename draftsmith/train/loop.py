@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from draftsmith import checkpoint as ckpt_io
 from draftsmith import config as config_mod
 from draftsmith import features
 from draftsmith import target as target_mod
@@ -243,7 +244,7 @@ class Trainer:
         if saved_world != self.ctx.world_size:
             raise ValueError(f"{path} was written by {saved_world} rank(s), this run has {self.ctx.world_size}: resume "
                              "needs the same world size; warm start from its weights with train.init_from instead")
-        self.ctx.load_model_state(self.drafter, checkpoint.read_weights(path))
+        self.ctx.load_model_state(self.drafter, ckpt_io.read_weights(path))
         self.ctx.load_engine_state(path)  # DeepSpeed: weights + ZeRO optimizer partitions
         self.ctx.load_optimizer_state(self.drafter, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
