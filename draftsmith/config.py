@@ -20,16 +20,7 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """All problems found in one recipe, one per line."""
-
-    def __init__(self, source: str, problems: list[str]):
-        self.source = source
-        self.problems = problems
-        lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"{source}: {len(problems)} problem(s) in the recipe:\n{lines}")
-
+from draftsmith.errors import ConfigError  # defined beside the other expected errors; raised here
 
 # --------------------------------------------------------------------------- schema
 
@@ -72,7 +63,7 @@ class DataConfig:
     streaming: bool = False
     shuffle_buffer: int = 1024
     # Sequence packing: several documents per training row of at most this many tokens, each with
-    # its own positions and no attention across documents (data/packing.py); None: one per row.
+    # its own positions and no attention across documents (packing.py); None: one per row.
     pack_length: Optional[int] = None
 
 

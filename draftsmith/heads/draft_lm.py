@@ -27,7 +27,7 @@ from typing import Any, Literal, Optional, Union
 
 import torch
 
-from draftsmith.data import packing
+from draftsmith import packing
 from draftsmith.heads import DRAFTERS, divergences
 from draftsmith.heads.base import Draft, Drafter, FedNodes, StepOutput, range_problems
 from draftsmith.sampling import SamplingParams, logits_to_probs, sample

@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from draftsmith.data import packing
+from draftsmith import packing
 from draftsmith.heads import DRAFTERS
 from draftsmith.heads.base import Draft, Drafter, FedNodes, StepOutput, range_problems
 from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, rotary

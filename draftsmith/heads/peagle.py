@@ -27,11 +27,11 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+from draftsmith.archs import default_aux_layer_ids
 from draftsmith.heads import DRAFTERS
 from draftsmith.heads.base import range_problems, Draft, Drafter, StepOutput
 from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, rotary
 from draftsmith.sampling import logits_to_probs, sample
-from draftsmith.target import default_aux_layer_ids
 
 
 @DRAFTERS.register("peagle")
