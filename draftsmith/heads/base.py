@@ -70,7 +70,7 @@ class Proposer(Protocol):
 _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 
 
-def range_problems(cfg: Any, rules: dict[str, str]) -> list[str]:
+def range_problems(cfg: Any, rules: dict[str, str], where: str = "drafter") -> list[str]:
     """Range checks of a drafter Config, one message per bad option, for `config.load` / `validate`.
 
     rules: option -> "OP NUMBER" conditions joined by " and ", e.g. {"ttt_steps": ">= 1",
@@ -86,9 +86,30 @@ def range_problems(cfg: Any, rules: dict[str, str]) -> list[str]:
                 continue
             ok = all(_OPS[op](v, float(num)) for op, num in (cond.split() for cond in rule.split(" and ")))
             if not ok:
-                problems.append(f"drafter.{name}: must be {rule}, got {value!r}")
+                problems.append(f"{where}.{name}: must be {rule}, got {value!r}")
                 break
     return problems
+
+
+@dataclass
+class LoraOptions:
+    """LoRA adapter options (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models"),
+    applied through peft; the draft LM's `drafter.lora` (null: full fine-tuning)."""
+
+    # Rank of the update B @ A.
+    r: int = 16
+    # Scale: the update is multiplied by alpha / r.
+    alpha: int = 32
+    # Dropout on the adapter's input.
+    dropout: float = 0.0
+    # Names of the linear modules to adapt; null: every linear layer of a Llama block.
+    target_modules: Optional[list[str]] = None
+
+    def problems(self, where: str) -> list[str]:
+        found = range_problems(self, {"r": ">= 1", "alpha": ">= 1", "dropout": ">= 0 and < 1"}, where)
+        if self.target_modules is not None and not self.target_modules:
+            found.append(f"{where}.target_modules: must name at least one module, or be null (every Llama linear)")
+        return found
 
 
 class Drafter(nn.Module):

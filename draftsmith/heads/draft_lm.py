@@ -21,6 +21,7 @@ agreement of draft and target. Trainer.evaluate reports both as eval_accept_rate
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -29,11 +30,10 @@ import torch
 
 from draftsmith import packing
 from draftsmith.heads import DRAFTERS, divergences
-from draftsmith.heads.base import Draft, Drafter, FedNodes, StepOutput, range_problems
+from draftsmith.heads.base import Draft, Drafter, FedNodes, LoraOptions, StepOutput, range_problems
 from draftsmith.sampling import SamplingParams, logits_to_probs, sample
 from draftsmith.target import Target
 
-LORA_KEYS = {"r", "alpha", "dropout", "target_modules"}
 LLAMA_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -72,15 +72,16 @@ class DraftLMDrafter(Drafter):
         on_policy_temperature: float = 1.0
         # Rows whose loss starts at token 0 (or that have none) keep this many prompt tokens.
         on_policy_prompt_tokens: int = 16
-        # LoRA through peft: {r, alpha, dropout, target_modules}; null: full fine-tuning.
-        lora: Optional[dict[str, Any]] = None
+        # LoRA through peft: {r, alpha, dropout, target_modules} (heads.base.LoraOptions); null: full fine-tuning.
+        lora: Optional[LoraOptions] = None
 
         def problems(self) -> list[str]:
             """Ranges `config.load` and `draftsmith validate` report (checks that need several
             options together stay in __post_init__)."""
             return range_problems(self, {"shrink_layers": ">= 1", "jsd_beta": "> 0 and < 1", "temperature": "> 0",
                                          "on_policy_fraction": ">= 0 and <= 1", "on_policy_max_new_tokens": ">= 1",
-                                         "on_policy_prompt_tokens": ">= 1", "on_policy_temperature": ">= 0"})
+                                         "on_policy_prompt_tokens": ">= 1", "on_policy_temperature": ">= 0"}) + (
+                self.lora.problems("drafter.lora") if self.lora is not None else [])
 
         def __post_init__(self):
             divergences.parse_weights(self.divergence)
@@ -88,10 +89,13 @@ class DraftLMDrafter(Drafter):
                 raise ValueError("drafter.path: required with init: pretrained (a local dir or HF id)")
             if self.init == "config" and not self.model_config:
                 raise ValueError("drafter.model_config: required with init: config (a dict of LlamaConfig sizes)")
-            if self.lora is not None:
-                unknown = set(self.lora) - LORA_KEYS
+            if isinstance(self.lora, dict):  # Config(lora={...}) from Python; recipes arrive already typed
+                known = [f.name for f in dataclasses.fields(LoraOptions)]
+                unknown = sorted(set(self.lora) - set(known))
                 if unknown:
-                    raise ValueError(f"drafter.lora: unknown key(s) {sorted(unknown)}; known: {sorted(LORA_KEYS)}")
+                    raise ValueError(f"drafter.lora: unknown key(s) {unknown}; known: {known}")
+                self.lora = LoraOptions(**self.lora)
+            if self.lora is not None:
                 if self.init == "config":
                     raise ValueError("drafter.lora with init: config would adapt a random frozen base; "
                                      "use full fine-tuning (lora: null) or init: pretrained / shrink")
@@ -347,13 +351,12 @@ def check_vocab(target, model) -> None:
                          f"({n_tokens} tokens); set drafter.model_config.vocab_size or pick a draft with the same tokenizer")
 
 
-def add_lora(model, options: dict):
+def add_lora(model, options: LoraOptions):
     """Wrap `model` with peft LoRA adapters (only they train)."""
     from peft import LoraConfig, get_peft_model
 
-    lora = LoraConfig(r=int(options.get("r", 16)), lora_alpha=int(options.get("alpha", 32)),
-                      lora_dropout=float(options.get("dropout", 0.0)),
-                      target_modules=list(options.get("target_modules") or LLAMA_LINEARS), task_type="CAUSAL_LM")
+    lora = LoraConfig(r=options.r, lora_alpha=options.alpha, lora_dropout=options.dropout,
+                      target_modules=list(options.target_modules or LLAMA_LINEARS), task_type="CAUSAL_LM")
     return get_peft_model(model, lora)
 
 
