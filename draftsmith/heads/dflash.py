@@ -41,7 +41,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, app
 
 from draftsmith.archs import default_aux_layer_ids
 from draftsmith.heads import DRAFTERS
-from draftsmith.heads.base import range_problems, Draft, Drafter, StepOutput
+from draftsmith.heads.base import Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.draft_layer import draft_layer_config, rotary
 from draftsmith.sampling import logits_to_probs, sample
 

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from draftsmith.heads import DRAFTERS
-from draftsmith.heads.base import range_problems, Draft, Drafter, StepOutput
+from draftsmith.heads.base import Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.dflash import BlockDrafting, BlockProposer, slot_metrics
 from draftsmith.sampling import sample
 
