@@ -111,7 +111,7 @@ def test_lossless_mismatch_fails_the_run(tmp_path, monkeypatch):
 
 
 def test_cli_evaluates_a_training_checkpoint(tmp_path):
-    """`draftsmith eval runs/NAME/final`: rebuilt by train.checkpoint.load_drafter, stochastic + lossless check."""
+    """`draftsmith eval runs/NAME/final`: rebuilt by draftsmith.checkpoint.load_drafter, stochastic + lossless check."""
     from draftsmith import checkpoint
     from draftsmith import config as config_mod
     from draftsmith import target as target_mod
