@@ -54,8 +54,8 @@ def main() -> None:
     from bench_drafter_kinds import train_kind
 
     from draftsmith import target as target_mod
+    from draftsmith.checkpoint import load_drafter
     from draftsmith.eval import proposers, workloads
-    from draftsmith.train.checkpoint import load_drafter
 
     stories = target_mod.load(str(REPO.parent / "shared" / "models" / "stories260K-hf"))
     prompts = {w: [workloads.encode(item, stories.tokenizer)[0] for item in workloads.load(w, None, args.num_prompts)]

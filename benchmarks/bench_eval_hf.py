@@ -4,7 +4,7 @@ lookup decoding: same target, same draft model, same prompts, greedy, fixed k.
     OMP_NUM_THREADS=2 python benchmarks/bench_eval_hf.py [--target ../shared/models/stories260K-hf]
         [--k 4] [--max-new-tokens 128] [--draft-layers 2] [--repeats 3] [--num-prompts 8]
 
-Draft model: the target's first --draft-layers layers (proposers.layer_truncated_copy).
+Draft model: the target's first --draft-layers layers (draft_lm_mod.layer_truncated_copy).
 HF settings: num_assistant_tokens=k, schedule "constant", assistant_confidence_threshold=0
 (HF's default 0.4 cuts drafts short); prompt lookup with prompt_lookup_num_tokens=k and
 max_matching_ngram_size=2 vs draftsmith's ngram proposer with max_ngram=2, match "first".
@@ -22,6 +22,7 @@ import torch
 from draftsmith import target as target_mod
 from draftsmith.eval import proposers
 from draftsmith.eval.loop import LoopConfig, generate
+from draftsmith.heads import draft_lm as draft_lm_mod
 
 PROMPTS = ["Once upon a time", "Tom and Lily went to the park. They saw", "The little dog was sad because",
            "One day, a girl named Sue found a", "The sun was hot and the bird", "Ben had a red ball. He",
@@ -43,11 +44,11 @@ def main() -> None:
     args = ap.parse_args()
     t = target_mod.load(args.target, device="cpu")
     model, tok = t.model, t.tokenizer
-    draft = proposers.layer_truncated_copy(model, args.draft_layers)
+    draft = draft_lm_mod.layer_truncated_copy(model, args.draft_layers)
     draft.generation_config.num_assistant_tokens = args.k
     draft.generation_config.num_assistant_tokens_schedule = "constant"
     draft.generation_config.assistant_confidence_threshold = 0.0
-    ours_draft = proposers.DraftModelProposer(draft, t.vocab_size)
+    ours_draft = draft_lm_mod.DraftModelProposer(draft, t.vocab_size)
     ours_ngram = proposers.NgramProposer(max_ngram=2, min_ngram=1, match="first")
     n = args.max_new_tokens
     eos = t.eos_ids

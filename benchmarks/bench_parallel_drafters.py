@@ -41,9 +41,9 @@ def interleaved_timing(kinds: list[str], args) -> dict:
     latency / speculative latency, "tau": mean}} from runs interleaved prompt by prompt."""
     import torch
 
+    from draftsmith import checkpoint
     from draftsmith.eval import workloads
     from draftsmith.eval.loop import LoopConfig, generate
-    from draftsmith.train import checkpoint
 
     loaded = {k: checkpoint.load_drafter(args.out / "runs" / k / "final", device="cpu") for k in kinds}
     target = next(iter(loaded.values())).target

@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--out", type=Path, default=Path("results/bench_tree.json"))
     args = ap.parse_args()
-    from draftsmith.train.checkpoint import load_drafter
+    from draftsmith.checkpoint import load_drafter
 
     loaded = load_drafter(args.checkpoint, device="cpu")
     target, proposer = loaded.target, proposers.from_drafter(loaded.drafter, loaded.target)

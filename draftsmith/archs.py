@@ -9,7 +9,11 @@ Three questions are answered here for any loaded transformers config:
     export writes (per-layer-type rope, as in Gemma-3, becomes the full-attention layers' rope;
     partial rotary is dropped: the draft layer rotates its whole head, at training and serving);
   - `refusals(config, kind, fmt)`: why a drafter kind or export format cannot serve this target
-    (empty when it can). inspect and train call it before loading any data.
+    (empty when it can). inspect and train call it before loading any data. Which formats take
+    a kind at all is the export registry's answer (`draftsmith.export.formats_for`); `draftsmith
+    export` refuses a kind its format does not take.
+Also `default_aux_layer_ids(L)`, EAGLE-3's default feature layers (a trait of the target's depth).
+This module imports nothing from draftsmith: target, heads, export and inspect build on it.
 
 The tiny configurations (`TINY`) keep every feature of the real model (layer types, rope type,
 soft-capping, MoE routing, MLA ranks) at 4 layers (so that local and global layers alternate and
@@ -23,11 +27,18 @@ from dataclasses import dataclass, field
 KINDS = ("eagle3", "eagle1", "medusa", "mlp_speculator", "draft_lm")
 
 
-def formats_for(kind: str) -> list[str]:
-    """The export formats whose exporter takes `kind` (from the export registry)."""
-    from draftsmith.export import EXPORTERS
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3's low/mid/high layer ids: [2, L//2, L-3] as the engines use for deep targets.
 
-    return [name for name in EXPORTERS.names() if kind in EXPORTERS.get(name).kinds]
+    Shallow targets make that rule collide (L=5 gives [2, 2, 2]); then [1, L//2, L-1]
+    (L=5 -> [1, 2, 4]) and then [0, L//2, L-1] (L=3 -> [0, 1, 2]) are used. Below 3 layers
+    ids repeat (L=2 -> [0, 1, 1]), since only L distinct layer inputs exist.
+    """
+    L = num_layers
+    for ids in ([2, L // 2, L - 3], [1, L // 2, L - 1], [0, L // 2, L - 1]):
+        if 0 <= ids[0] < ids[1] < ids[2] <= L - 1:
+            return ids
+    return [min(i, L - 1) for i in (0, 1, 2)]
 
 
 # --------------------------------------------------------------------------- traits
@@ -169,8 +180,6 @@ def refusals(config, kind: str, fmt: str | None = None) -> list[str]:
         return [f"{c.model_type}: the config has no decoder layers / hidden size draftsmith can read"]
     if kind not in KINDS:
         return [f"drafter kind {kind!r} is unknown (known: {list(KINDS)})"]
-    if fmt is not None and fmt not in formats_for(kind):
-        reasons.append(f"export format {fmt!r} does not take {kind} drafters (formats for {kind}: {formats_for(kind)})")
     rope_type = draft_rope(c).get("rope_type", "default")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
@@ -178,8 +187,6 @@ def refusals(config, kind: str, fmt: str | None = None) -> list[str]:
         reasons.append(f"rope_type {rope_type!r}: the draft layer's rotary embedding does not implement it")
     if kind == "eagle3" and fmt in ("sglang", "trtllm"):
         # SGLang and TRT-LLM name aux layers by layer OUTPUT: a 2-layer target's default ids include 0.
-        from draftsmith.target import default_aux_layer_ids
-
         if min(default_aux_layer_ids(c.num_hidden_layers)) < 1:
             reasons.append(f"{fmt}: aux layer ids name layer outputs, and a {c.num_hidden_layers}-layer target's default "
                            "ids include 0 (the embedding output); use a target with >= 4 layers or aux_layer_ids >= 1")
@@ -318,21 +325,6 @@ TINY = {
     "glm4": ("GLM-4 (partial rotary)", _glm4),
     "llama4-text": ("Llama 4 text backbone of the Llama 4 VLM (chunked attention, NoPE layers, MoE)", _llama4_text),
 }
-
-
-def tiny_target(name: str, seed: int = 0):
-    """A seeded random-weight target of architecture `name` (see TINY) with the byte tokenizer."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from draftsmith.target import Target
-    from draftsmith.testing import TINY_CHAT_TEMPLATE, byte_tokenizer
-
-    if name not in TINY:
-        raise KeyError(f"unknown tiny architecture {name!r}; known: {list(TINY)}")
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(TINY[name][1](), dtype=torch.float32).eval()
-    return Target(model, byte_tokenizer(TINY_CHAT_TEMPLATE), name=f"tiny-{name}-seed{seed}")
 
 
 def new_cache(config):

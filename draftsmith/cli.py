@@ -30,7 +30,7 @@ from draftsmith.errors import EXPECTED, one_line
 SUBCOMMANDS = {
     "train": ("draftsmith.train.cli", "train a drafter from a recipe"),
     "validate": ("draftsmith.train.cli_validate", "validate recipes without running them"),
-    "prepare": ("draftsmith.data.cli", "regenerate answers with the target; build the offline feature cache"),
+    "prepare": ("draftsmith.cli_prepare", "regenerate answers with the target; build the offline feature cache"),
     "eval": ("draftsmith.eval.cli", "run a drafter in the speculative loop and measure it"),
     "profile": ("draftsmith.eval.profile", "measure a drafter's speedup profile (speedup_profile.json beside it)"),
     "export": ("draftsmith.export.cli", "export a drafter for vLLM, SGLang, TensorRT-LLM or HF"),

@@ -20,16 +20,7 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """All problems found in one recipe, one per line."""
-
-    def __init__(self, source: str, problems: list[str]):
-        self.source = source
-        self.problems = problems
-        lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"{source}: {len(problems)} problem(s) in the recipe:\n{lines}")
-
+from draftsmith.errors import ConfigError  # defined beside the other expected errors; raised here
 
 # --------------------------------------------------------------------------- schema
 
@@ -72,7 +63,7 @@ class DataConfig:
     streaming: bool = False
     shuffle_buffer: int = 1024
     # Sequence packing: several documents per training row of at most this many tokens, each with
-    # its own positions and no attention across documents (data/packing.py); None: one per row.
+    # its own positions and no attention across documents (packing.py); None: one per row.
     pack_length: Optional[int] = None
 
 
@@ -129,7 +120,6 @@ class TrainConfig:
     # The frozen target: a full copy on every rank, or its decoder layers sharded with FSDP2
     # (for targets too large for one device; needs a multi-process backend).
     target_sharding: Literal["replicate", "fsdp2"] = "replicate"
-    num_workers: int = 0
     # Memory-lean training (docs/training-at-scale.md). TTT attention kernel of the EAGLE draft
     # layer: "auto" = flex on CUDA, chunked on CPU; "eager" = the reference with full score tensors.
     ttt_attention: Literal["auto", "eager", "chunked", "flex"] = "auto"
@@ -211,12 +201,16 @@ def _check(value: Any, tp: Any, where: str, problems: list[str]) -> Any:
         if value is None and type(None) in args:
             return None
         errors: list[str] = []
-        for option in (a for a in args if a is not type(None)):
+        options = [a for a in args if a is not type(None)]
+        for option in options:
             trial: list[str] = []
             out = _check(value, option, where, trial)
             if not trial:
                 return out
             errors.extend(trial)
+        if len(options) == 1 and dataclasses.is_dataclass(options[0]):
+            problems.extend(errors)  # an optional section: name the bad key inside it
+            return out  # the section built from its valid keys
         problems.append(f"{where}: {value!r} is not {' or '.join(_type_name(a) for a in args)}")
         return value
     if origin is Literal:

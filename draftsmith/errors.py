@@ -11,6 +11,16 @@ class UserError(ValueError):
     """Bad input; the message names the file/key/value and the fix, in one line."""
 
 
+class ConfigError(ValueError):
+    """All problems found in one recipe, one per line."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{source}: {len(problems)} problem(s) in the recipe:\n{lines}")
+
+
 class UnknownNameError(KeyError):
     """A name that is not registered (a drafter kind, a workload, ...); the message suggests one."""
 
@@ -25,8 +35,6 @@ EXPECTED = (ValueError, OSError, UnknownNameError)
 
 def one_line(exc: BaseException) -> str:
     """The error message on one line (a recipe's list of problems keeps one line per problem)."""
-    from draftsmith.config import ConfigError
-
     text = str(exc)
     if isinstance(exc, ConfigError):
         return text

@@ -16,7 +16,7 @@ HIDDEN_FEATURES = ("aux_hidden_states", "last_hidden_state")
 def compute(target, input_ids: torch.Tensor, attention_mask: torch.Tensor, required: set[str],
             layers: list[int], position_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """One target forward -> the features in `required` (input ids/masks are not included).
-    attention_mask is [b, s] (padding) or, for packed rows, the 4D bias of data.packing."""
+    attention_mask is [b, s] (padding) or, for packed rows, the 4D bias of draftsmith.packing."""
     out = target.forward(input_ids, attention_mask=attention_mask, position_ids=position_ids)
     feats: dict[str, torch.Tensor] = {}
     if "aux_hidden_states" in required:
@@ -58,7 +58,7 @@ def complete(target, batch: dict[str, torch.Tensor], required: set[str], layers:
         return batch
     if missing <= {"target_logits"} and "last_hidden_state" in batch:
         return {**batch, "target_logits": logits_from_hidden(target, batch["last_hidden_state"])}
-    from draftsmith.data import packing
+    from draftsmith import packing
 
     inputs = packing.model_inputs(batch, target.dtype)  # packed rows: block-diagonal mask, per-document positions
     feats = compute(target, batch["input_ids"], inputs["attention_mask"], missing, layers, inputs.get("position_ids"))

@@ -74,16 +74,18 @@ def eos_ids(config, model, tokenizer) -> list[int]:
 
 def support(config) -> dict[str, dict]:
     """kind -> {"refusals": [...], "formats": {fmt: [refusals]}} for every drafter kind."""
+    from draftsmith.export import formats_for as export_formats_for  # the registry loads every exporter
+
     out = {}
     for kind in archs.KINDS:
         reasons = archs.refusals(config, kind)
-        formats = {fmt: archs.refusals(config, kind, fmt) for fmt in archs.formats_for(kind)}
+        formats = {fmt: archs.refusals(config, kind, fmt) for fmt in export_formats_for(kind)}
         out[kind] = {"refusals": reasons, "formats": {f: r for f, r in formats.items()}}
     return out
 
 
 def report(path: str, revision: str | None = None, trust_remote_code: bool = False) -> dict:
-    from draftsmith.target import default_aux_layer_ids
+    from draftsmith.archs import default_aux_layer_ids
 
     config, model, tokenizer, problems = load_meta(path, revision, trust_remote_code)
     c = archs.text_config(config)

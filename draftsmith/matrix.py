@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from draftsmith import archs
+from draftsmith import archs, testing
+from draftsmith.export import formats_for as export_formats_for
 
 # Small drafter options so that a cell runs in well under a second on one CPU thread.
 KIND_OPTIONS = {
@@ -70,7 +71,7 @@ def recipe(target_dir: Path, data: Path, out: Path, kind: str):
 
 def check_features(target, drafter) -> str:
     from draftsmith import features
-    from draftsmith.target import default_aux_layer_ids
+    from draftsmith.archs import default_aux_layer_ids
 
     layers = drafter.feature_layers()
     if drafter.kind == "eagle3" and layers != default_aux_layer_ids(target.num_layers):
@@ -124,7 +125,7 @@ def check_export(loaded, fmt: str, out: Path) -> str:
 
 
 def run_cell(arch: str, kind: str, target, target_dir: Path, data: Path, workdir: Path, base: list[int]) -> Cell:
-    from draftsmith.train import checkpoint
+    from draftsmith import checkpoint
     from draftsmith.train.loop import Trainer
 
     start = time.perf_counter()
@@ -149,9 +150,9 @@ def run_cell(arch: str, kind: str, target, target_dir: Path, data: Path, workdir
         cell.checks["lossless"] = check_lossless(target, drafter, base)
         loaded = checkpoint.LoadedDrafter(drafter=drafter, target=target, config=cfg,
                                           meta={"kind": kind, "step": 2, "target": target.identity()})
-        if not archs.formats_for(kind):
+        if not export_formats_for(kind):
             cell.checks["export"] = f"no export format takes {kind} drafters"
-        for fmt in archs.formats_for(kind):
+        for fmt in export_formats_for(kind):
             step = f"export {fmt}"
             why = archs.refusals(target.config, kind, fmt)
             if why:
@@ -170,7 +171,7 @@ def run_arch(arch: str, workdir: Path, kinds=archs.KINDS) -> list[Cell]:
     """Every kind on the tiny `arch` target (saved once to workdir: recipes name a target path)."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    target = archs.tiny_target(arch)
+    target = testing.arch_target(arch)
     target_dir = workdir / "target"
     target.model.save_pretrained(str(target_dir))
     target.tokenizer.save_pretrained(str(target_dir))

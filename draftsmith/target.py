@@ -48,20 +48,6 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3's low/mid/high layer ids: [2, L//2, L-3] as the engines use for deep targets.
-
-    Shallow targets make that rule collide (L=5 gives [2, 2, 2]); then [1, L//2, L-1]
-    (L=5 -> [1, 2, 4]) and then [0, L//2, L-1] (L=3 -> [0, 1, 2]) are used. Below 3 layers
-    ids repeat (L=2 -> [0, 1, 1]), since only L distinct layer inputs exist.
-    """
-    L = num_layers
-    for ids in ([2, L // 2, L - 3], [1, L // 2, L - 1], [0, L // 2, L - 1]):
-        if 0 <= ids[0] < ids[1] < ids[2] <= L - 1:
-            return ids
-    return [min(i, L - 1) for i in (0, 1, 2)]
-
-
 class Target:
     """A frozen causal LM with its tokenizer, stop ids and a fingerprint."""
 

@@ -53,7 +53,7 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
-    from draftsmith import archs, matrix
+    from draftsmith import archs, matrix, testing
 
     torch.set_num_threads(1)
     rows, details = [], []
@@ -61,7 +61,7 @@ def main() -> int:
     for arch, (what, _) in archs.TINY.items():
         with tempfile.TemporaryDirectory() as tmp:
             cells = matrix.run_arch(arch, Path(tmp))
-        tiny = archs.tiny_target(arch)
+        tiny = testing.arch_target(arch)
         t = archs.traits(tiny.config, tiny.model)
         features = ", ".join(t.summary()) or "-"
         rows.append(f"| `{arch}` | {what}; {features} | " + " | ".join(

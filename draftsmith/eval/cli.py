@@ -21,7 +21,7 @@ import torch
 
 from draftsmith.errors import UserError
 from draftsmith.eval import proposers, results, runner, workloads
-from draftsmith.eval.sampling import VERIFICATION_RULES, SamplingParams, rule_name
+from draftsmith.sampling import VERIFICATION_RULES, SamplingParams, rule_name
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -86,7 +86,7 @@ def _load(args):
     if args.path:
         if args.draft_model or args.proposer:
             raise UserError("give either a checkpoint PATH or --draft-model/--proposer, not both")
-        from draftsmith.train.checkpoint import load_drafter, read_config
+        from draftsmith.checkpoint import load_drafter, read_config
 
         device = None if args.device == "auto" else args.device
         given = None

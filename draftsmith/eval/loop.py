@@ -5,7 +5,7 @@ One round (DESIGN.md "Definitions"; Leviathan et al. 2023, Chen et al. 2023):
   1. draft   proposer.propose(context, k) -> k draft tokens d1..dk (+ their q for sampling)
   2. verify  ONE target forward over [last, d1..dk] (k+1 positions) on the target's KV cache,
              which holds every committed token but the last one
-  3. accept  eval.sampling.verify: a accepted drafts + one correction/bonus token t
+  3. accept  sampling.verify: a accepted drafts + one correction/bonus token t
   4. rollback the target cache is cropped to the accepted prefix (cache.crop), never recomputed
   5. commit  context += d1..da, t; proposer.commit(context, a + 1, target output at those positions)
 k = 0 skips steps 1 and 5: plain target-only decoding through the same code (the speedup baseline).
@@ -31,7 +31,7 @@ import torch
 
 from draftsmith.eval import batch as batch_mod
 from draftsmith.eval import tree as tree_mod
-from draftsmith.eval.sampling import SamplingParams, logits_to_probs, sample, verify
+from draftsmith.sampling import SamplingParams, logits_to_probs, sample, verify
 from draftsmith.target import Target, TargetOutput
 
 

@@ -244,8 +244,8 @@ def recommend(acc: dict, table: list[dict], batches: list[int], k_max: int, cont
 
 
 def main(args: argparse.Namespace) -> int:
+    from draftsmith.checkpoint import load_drafter
     from draftsmith.eval import proposers, results, runner
-    from draftsmith.train.checkpoint import load_drafter
 
     batches, contexts = _ints(args.batches, "--batches"), _ints(args.contexts, "--contexts")
     validate = _ints(args.validate_batches, "--validate-batches") if args.validate_batches else []

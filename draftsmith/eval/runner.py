@@ -14,8 +14,8 @@ import torch
 
 from draftsmith.eval import bins, metrics, workloads
 from draftsmith.eval.loop import Generation, LoopConfig, generate
-from draftsmith.eval.sampling import SamplingParams
 from draftsmith.eval.tree import TreeConfig
+from draftsmith.sampling import SamplingParams
 
 
 @dataclass

@@ -14,7 +14,7 @@ Proposers that draft trees implement two methods (the "tree expander" protocol):
     tokens [m] the nodes fed now, all at `depth` (1-based); parents [m] the FEED index of each
     node's parent (the order in which earlier tree_expand calls fed nodes; -1: the root).
 A proposer keeps per-fed-node state (draft KV entries, hidden states) between the two calls of a
-round and discards it in its next commit(). `FedNodes` below tracks the ancestor mask it needs.
+round and discards it in its next commit(). `heads.base.FedNodes` tracks the ancestor mask it needs.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith.eval.sampling import SamplingParams, logits_to_probs, sample
+from draftsmith.sampling import SamplingParams, logits_to_probs, sample
 
 
 @dataclass
@@ -86,33 +86,6 @@ def verify_inputs(tree: Tree, n_past: int, dtype: torch.dtype) -> tuple[torch.Te
     mask = torch.zeros(seen.shape, dtype=dtype, device=dev).masked_fill(~seen, torch.finfo(dtype).min)
     positions = n_past + torch.cat([torch.zeros(1, dtype=torch.long, device=dev), tree.depths])  # [N+1]
     return mask[None, None], positions[None]  # [1, 1, N+1, n_past+N+1], [1, N+1]
-
-
-class FedNodes:
-    """Ancestor bookkeeping for a proposer's own tree attention during tree drafting: which fed
-    node may attend to which (itself and its fed ancestors)."""
-
-    def __init__(self, device):
-        self.anc = torch.zeros(0, 0, dtype=torch.bool, device=device)  # [F, F]
-
-    def __len__(self) -> int:
-        return self.anc.shape[0]
-
-    def add(self, parents: torch.Tensor, n_prefix: int) -> torch.Tensor:
-        """Feed m nodes with fed-parent indices `parents` [m] -> attention rows [m, n_prefix + F + m]
-        (True = attend): the whole prefix, the ancestors among the F earlier fed nodes, itself."""
-        m, f = parents.shape[0], len(self)
-        rows = torch.zeros(m, f + m, dtype=torch.bool, device=self.anc.device)
-        has = parents >= 0
-        if has.any():
-            rows[has, :f] = self.anc[parents[has]]
-        rows[:, f:] = torch.eye(m, dtype=torch.bool, device=self.anc.device)
-        grown = torch.zeros(f + m, f + m, dtype=torch.bool, device=self.anc.device)
-        grown[:f, :f] = self.anc
-        grown[f:] = rows
-        self.anc = grown
-        prefix = torch.ones(m, n_prefix, dtype=torch.bool, device=self.anc.device)
-        return torch.cat([prefix, rows], dim=1)  # [m, n_prefix + F + m]
 
 
 # ---------------------------------------------------------------- construction

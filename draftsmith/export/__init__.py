@@ -12,3 +12,8 @@ EXPORTERS: Registry = Registry("export format")
 
 from draftsmith.export import hf, sglang, trtllm, vllm  # noqa: E402,F401  (register the formats)
 from draftsmith.export.api import ExportResult, export  # noqa: E402,F401
+
+
+def formats_for(kind: str) -> list[str]:
+    """The export formats whose exporter takes drafter kind `kind`."""
+    return [name for name in EXPORTERS.names() if kind in EXPORTERS.get(name).kinds]

@@ -100,9 +100,9 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
     """Export checkpoint (a draftsmith checkpoint dir, or an already loaded LoadedDrafter) to `out`.
 
     trust_remote_code: run the target's custom code (--trust-remote-code); never taken from the checkpoint."""
+    from draftsmith.checkpoint import load_drafter, write_dir_atomically
     from draftsmith.export import EXPORTERS
     from draftsmith.export.validate import validate_export
-    from draftsmith.train.checkpoint import load_drafter, write_dir_atomically
 
     exporter = EXPORTERS.get(to)()
     opts = options or ExportOptions()

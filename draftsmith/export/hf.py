@@ -4,7 +4,7 @@ draft-model modes, e.g.
     vllm serve VERIFIER --speculative-config '{"model": OUT, "num_speculative_tokens": K, "method": "draft_model"}'
 Validation: tensor names/shapes against the model class built from config.json on the meta
 device, the tokenizer's vocabulary equal to the target's, max_position_embeddings covering the
-target's, and the round trip through eval.proposers.DraftModelProposer.
+target's, and the round trip through heads.draft_lm.DraftModelProposer.
 
 Context length: a draft LM with fewer positions than the target (init: config / pretrained with a
 shorter context) would be run past its trained positions on long requests, so it is refused unless
@@ -46,7 +46,7 @@ class _HFDraft:
         return self.model.state_dict()
 
     def make_proposer(self, target):
-        from draftsmith.eval.proposers import DraftModelProposer
+        from draftsmith.heads.draft_lm import DraftModelProposer
 
         return DraftModelProposer(self.model, target.vocab_size, name="draft_lm")
 

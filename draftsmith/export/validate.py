@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 
 from draftsmith.data import draft_vocab
-from draftsmith.eval.sampling import SamplingParams
 from draftsmith.export.common import (
     ExportOptions,
     ExportValidationError,
@@ -31,6 +30,7 @@ from draftsmith.export.common import (
     rope_scaling_of,
     target_rope,
 )
+from draftsmith.sampling import SamplingParams
 
 
 def validate_export(export_dir: Path, exporter, loaded, opts: ExportOptions, k: int) -> dict:

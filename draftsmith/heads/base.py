@@ -64,13 +64,13 @@ class Proposer(Protocol):
         prompt length minus 1 plus the first generated token, i.e. len(prompt))."""
 
     def propose(self, context: torch.Tensor, k: int, sampling, generator: torch.Generator | None) -> Draft:
-        """Propose k tokens following context. `sampling` is eval.sampling.SamplingParams."""
+        """Propose k tokens following context. `sampling` is draftsmith.sampling.SamplingParams."""
 
 
 _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 
 
-def range_problems(cfg: Any, rules: dict[str, str]) -> list[str]:
+def range_problems(cfg: Any, rules: dict[str, str], where: str = "drafter") -> list[str]:
     """Range checks of a drafter Config, one message per bad option, for `config.load` / `validate`.
 
     rules: option -> "OP NUMBER" conditions joined by " and ", e.g. {"ttt_steps": ">= 1",
@@ -86,9 +86,30 @@ def range_problems(cfg: Any, rules: dict[str, str]) -> list[str]:
                 continue
             ok = all(_OPS[op](v, float(num)) for op, num in (cond.split() for cond in rule.split(" and ")))
             if not ok:
-                problems.append(f"drafter.{name}: must be {rule}, got {value!r}")
+                problems.append(f"{where}.{name}: must be {rule}, got {value!r}")
                 break
     return problems
+
+
+@dataclass
+class LoraOptions:
+    """LoRA adapter options (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models"),
+    applied through peft; the draft LM's `drafter.lora` (null: full fine-tuning)."""
+
+    # Rank of the update B @ A.
+    r: int = 16
+    # Scale: the update is multiplied by alpha / r.
+    alpha: int = 32
+    # Dropout on the adapter's input.
+    dropout: float = 0.0
+    # Names of the linear modules to adapt; null: every linear layer of a Llama block.
+    target_modules: Optional[list[str]] = None
+
+    def problems(self, where: str) -> list[str]:
+        found = range_problems(self, {"r": ">= 1", "alpha": ">= 1", "dropout": ">= 0 and < 1"}, where)
+        if self.target_modules is not None and not self.target_modules:
+            found.append(f"{where}.target_modules: must name at least one module, or be null (every Llama linear)")
+        return found
 
 
 class Drafter(nn.Module):
@@ -135,3 +156,30 @@ class Drafter(nn.Module):
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
+
+
+class FedNodes:
+    """Ancestor bookkeeping for a proposer's own tree attention during tree drafting: which fed
+    node may attend to which (itself and its fed ancestors)."""
+
+    def __init__(self, device):
+        self.anc = torch.zeros(0, 0, dtype=torch.bool, device=device)  # [F, F]
+
+    def __len__(self) -> int:
+        return self.anc.shape[0]
+
+    def add(self, parents: torch.Tensor, n_prefix: int) -> torch.Tensor:
+        """Feed m nodes with fed-parent indices `parents` [m] -> attention rows [m, n_prefix + F + m]
+        (True = attend): the whole prefix, the ancestors among the F earlier fed nodes, itself."""
+        m, f = parents.shape[0], len(self)
+        rows = torch.zeros(m, f + m, dtype=torch.bool, device=self.anc.device)
+        has = parents >= 0
+        if has.any():
+            rows[has, :f] = self.anc[parents[has]]
+        rows[:, f:] = torch.eye(m, dtype=torch.bool, device=self.anc.device)
+        grown = torch.zeros(f + m, f + m, dtype=torch.bool, device=self.anc.device)
+        grown[:f, :f] = self.anc
+        grown[f:] = rows
+        self.anc = grown
+        prefix = torch.ones(m, n_prefix, dtype=torch.bool, device=self.anc.device)
+        return torch.cat([prefix, rows], dim=1)  # [m, n_prefix + F + m]

@@ -39,11 +39,11 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
 
-from draftsmith.eval.sampling import logits_to_probs, sample
+from draftsmith.archs import default_aux_layer_ids
 from draftsmith.heads import DRAFTERS
-from draftsmith.heads.base import range_problems, Draft, Drafter, StepOutput
+from draftsmith.heads.base import Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.draft_layer import draft_layer_config, rotary
-from draftsmith.target import default_aux_layer_ids
+from draftsmith.sampling import logits_to_probs, sample
 
 
 # --------------------------------------------------------------------------- the block layer

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from draftsmith.data import packing
+from draftsmith import packing
 
 
 def draft_layer_config(target_config, num_heads=None, num_kv_heads=None, intermediate_size=None):
@@ -117,7 +117,7 @@ class DraftAttention(nn.Module):
 
         step_kv holds (k, v) of the earlier steps; step 0's keys are the causal prefix,
         later steps contribute one key per position (the diagonal). This step's (k, v) is
-        appended to step_kv. documents [b, >= n] (packed rows, data/packing.py): prefix keys
+        appended to step_kv. documents [b, >= n] (packed rows, packing.py): prefix keys
         of another document are masked; chain keys share the query's position, hence its document.
         """
         out, k, v = self.ttt(x, cos, sin, step_kv, documents)

@@ -21,18 +21,19 @@ agreement of draft and target. Trainer.evaluate reports both as eval_accept_rate
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import torch
 
-from draftsmith.data import packing
-from draftsmith.eval.sampling import SamplingParams, logits_to_probs, sample
+from draftsmith import packing
 from draftsmith.heads import DRAFTERS, divergences
-from draftsmith.heads.base import Drafter, StepOutput, range_problems
+from draftsmith.heads.base import Draft, Drafter, FedNodes, LoraOptions, StepOutput, range_problems
+from draftsmith.sampling import SamplingParams, logits_to_probs, sample
+from draftsmith.target import Target
 
-LORA_KEYS = {"r", "alpha", "dropout", "target_modules"}
 LLAMA_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -71,15 +72,16 @@ class DraftLMDrafter(Drafter):
         on_policy_temperature: float = 1.0
         # Rows whose loss starts at token 0 (or that have none) keep this many prompt tokens.
         on_policy_prompt_tokens: int = 16
-        # LoRA through peft: {r, alpha, dropout, target_modules}; null: full fine-tuning.
-        lora: Optional[dict[str, Any]] = None
+        # LoRA through peft: {r, alpha, dropout, target_modules} (heads.base.LoraOptions); null: full fine-tuning.
+        lora: Optional[LoraOptions] = None
 
         def problems(self) -> list[str]:
             """Ranges `config.load` and `draftsmith validate` report (checks that need several
             options together stay in __post_init__)."""
             return range_problems(self, {"shrink_layers": ">= 1", "jsd_beta": "> 0 and < 1", "temperature": "> 0",
                                          "on_policy_fraction": ">= 0 and <= 1", "on_policy_max_new_tokens": ">= 1",
-                                         "on_policy_prompt_tokens": ">= 1", "on_policy_temperature": ">= 0"})
+                                         "on_policy_prompt_tokens": ">= 1", "on_policy_temperature": ">= 0"}) + (
+                self.lora.problems("drafter.lora") if self.lora is not None else [])
 
         def __post_init__(self):
             divergences.parse_weights(self.divergence)
@@ -87,10 +89,13 @@ class DraftLMDrafter(Drafter):
                 raise ValueError("drafter.path: required with init: pretrained (a local dir or HF id)")
             if self.init == "config" and not self.model_config:
                 raise ValueError("drafter.model_config: required with init: config (a dict of LlamaConfig sizes)")
-            if self.lora is not None:
-                unknown = set(self.lora) - LORA_KEYS
+            if isinstance(self.lora, dict):  # Config(lora={...}) from Python; recipes arrive already typed
+                known = [f.name for f in dataclasses.fields(LoraOptions)]
+                unknown = sorted(set(self.lora) - set(known))
                 if unknown:
-                    raise ValueError(f"drafter.lora: unknown key(s) {sorted(unknown)}; known: {sorted(LORA_KEYS)}")
+                    raise ValueError(f"drafter.lora: unknown key(s) {unknown}; known: {known}")
+                self.lora = LoraOptions(**self.lora)
+            if self.lora is not None:
                 if self.init == "config":
                     raise ValueError("drafter.lora with init: config would adapt a random frozen base; "
                                      "use full fine-tuning (lora: null) or init: pretrained / shrink")
@@ -270,9 +275,7 @@ class DraftLMDrafter(Drafter):
 
     # ------------------------------------------------------------------ inference and export
     def make_proposer(self, target):
-        """The draft LM drafting on its own DynamicCache (eval.proposers.DraftModelProposer)."""
-        from draftsmith.eval.proposers import DraftModelProposer
-
+        """The draft LM drafting on its own DynamicCache (DraftModelProposer below)."""
         return DraftModelProposer(self.lm, target.vocab_size, name=self.kind)
 
     def merged_model(self):
@@ -307,8 +310,6 @@ class DraftLMDrafter(Drafter):
 def build_model(cfg, target):
     """Config.init -> an HF causal LM (not yet on the target's device)."""
     if cfg.init == "shrink":
-        from draftsmith.eval.proposers import layer_truncated_copy
-
         if cfg.shrink_layers > target.num_layers:
             raise ValueError(f"drafter.shrink_layers {cfg.shrink_layers} exceeds the target's {target.num_layers} layers")
         return layer_truncated_copy(target.model, cfg.shrink_layers)
@@ -350,11 +351,126 @@ def check_vocab(target, model) -> None:
                          f"({n_tokens} tokens); set drafter.model_config.vocab_size or pick a draft with the same tokenizer")
 
 
-def add_lora(model, options: dict):
+def add_lora(model, options: LoraOptions):
     """Wrap `model` with peft LoRA adapters (only they train)."""
     from peft import LoraConfig, get_peft_model
 
-    lora = LoraConfig(r=int(options.get("r", 16)), lora_alpha=int(options.get("alpha", 32)),
-                      lora_dropout=float(options.get("dropout", 0.0)),
-                      target_modules=list(options.get("target_modules") or LLAMA_LINEARS), task_type="CAUSAL_LM")
+    lora = LoraConfig(r=options.r, lora_alpha=options.alpha, lora_dropout=options.dropout,
+                      target_modules=list(options.target_modules or LLAMA_LINEARS), task_type="CAUSAL_LM")
     return get_peft_model(model, lora)
+
+
+# ---------------------------------------------------------------------- the draft LM as a proposer
+def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[..., V_draft] -> [..., V_target]: drop ids the target does not have, or pad with -inf
+    (models that share a tokenizer often pad their embedding tables to different sizes)."""
+    extra = logits.shape[-1] - vocab_size
+    if extra > 0:
+        return logits[..., :vocab_size]
+    if extra < 0:
+        pad = logits.new_full((*logits.shape[:-1], -extra), float("-inf"))
+        return torch.cat([logits, pad], dim=-1)
+    return logits
+
+
+class DraftModelProposer:
+    """A small causal LM drafts k tokens autoregressively (chain drafting) on its own KV cache.
+
+    The cache holds a prefix of the committed context plus the drafts of the last round; commit()
+    crops it to the longest prefix that agrees with the committed context, and propose() first
+    feeds the committed tokens the cache lacks (at least the newest one).
+    """
+
+    name = "draft_lm"
+
+    def __init__(self, model, target_vocab_size: int, name: str = "draft_lm"):
+        self.model = model.eval()
+        self.vocab_size = target_vocab_size
+        self.name = name
+        self.cache = None
+        self._cached = torch.empty(0, dtype=torch.long)  # ids whose keys/values the cache holds
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def begin(self, prompt_ids: torch.Tensor) -> None:
+        from draftsmith.archs import new_cache
+
+        self.cache = new_cache(self.model.config)  # rollback works on sliding-window layers
+        self._cached = torch.empty(0, dtype=torch.long, device=self.device)
+
+    def commit(self, context: torch.Tensor, num_new: int, target_out) -> None:
+        self._tree_context = context  # tree_root drafts after it
+        n = min(self._cached.shape[0], context.shape[0] - 1)
+        same = (self._cached[:n] == context[:n].to(self._cached.device)).long()  # [n]
+        keep = int(same.cumprod(0).sum().item()) if n else 0
+        extra = self.cache.get_seq_length() - keep
+        if extra:
+            self.cache.crop(-extra)
+        self._cached = self._cached[:keep]
+
+    @torch.no_grad()
+    def propose(self, context: torch.Tensor, k: int, sampling: SamplingParams,
+                generator: torch.Generator | None = None) -> Draft:
+        context = context.to(self.device)
+        feed = context[self._cached.shape[0]:]  # [m >= 1] committed ids not yet in the cache
+        tokens, probs = [], []
+        for _ in range(k):
+            out = self.model(input_ids=feed[None], cache=self.cache, use_cache=True)  # [1, m] -> [1, m, V_d]
+            logits = fit_vocab(out.logits[0, -1].float(), self.vocab_size)  # [V]
+            if sampling.greedy:
+                tok = logits.argmax(-1)
+            else:
+                q = logits_to_probs(logits, sampling)  # [V]
+                tok = sample(q, generator)
+                probs.append(q)
+            tokens.append(tok)
+            feed = tok.reshape(1)
+        drafted = torch.stack(tokens)  # [k]
+        # The cache now holds context + d1..d(k-1): dk was sampled but never fed.
+        self._cached = torch.cat([context, drafted[:-1]])
+        return Draft(tokens=drafted, probs=torch.stack(probs) if probs else None)  # probs [k, V]
+
+    # ---- tree drafting (eval/tree.py): the draft LM's own tree attention through a 4D mask
+    @torch.no_grad()
+    def tree_root(self) -> torch.Tensor:
+        context = self._tree_context.to(self.device)
+        feed = context[self._cached.shape[0]:]  # [m >= 1] committed ids not yet in the cache
+        out = self.model(input_ids=feed[None], cache=self.cache, use_cache=True)  # [1, m] -> [1, m, V_d]
+        self._cached = context  # tree entries appended from here are dropped by the next commit()
+        self.tree_fed = FedNodes(self.device)
+        return torch.log_softmax(fit_vocab(out.logits[0, -1].float(), self.vocab_size), -1)  # [V]
+
+    @torch.no_grad()
+    def tree_expand(self, tokens: torch.Tensor, parents: torch.Tensor, depth: int) -> torch.Tensor:
+        n = self._cached.shape[0]
+        seen = self.tree_fed.add(parents.to(self.device), n)  # [m, n + F + m] True = attend
+        dtype = next(self.model.parameters()).dtype
+        mask = torch.zeros(seen.shape, dtype=dtype, device=self.device).masked_fill(~seen, torch.finfo(dtype).min)
+        pos = torch.full((1, tokens.shape[0]), n + depth - 1, device=self.device)
+        out = self.model(input_ids=tokens.view(1, -1).to(self.device), attention_mask=mask[None, None],
+                         position_ids=pos, cache=self.cache, use_cache=True)  # [1, m] -> [1, m, V_d]
+        return torch.log_softmax(fit_vocab(out.logits[0].float(), self.vocab_size), -1)  # [m, V]
+
+
+def layer_truncated_copy(model, num_layers: int):
+    """A draft LM made of the target's first num_layers decoder layers plus its embedding,
+    final norm and lm_head (a self-speculative draft in the spirit of Draft & Verify, Zhang
+    et al. 2024, and LayerSkip, Elhoushi et al. 2024). Shares no tensors with `model`."""
+    import copy
+
+    if not 1 <= num_layers <= model.config.num_hidden_layers:
+        raise ValueError(f"num_layers must be in 1..{model.config.num_hidden_layers}, got {num_layers}")
+    draft = copy.deepcopy(model)
+    draft.model.layers = draft.model.layers[:num_layers]
+    draft.config.num_hidden_layers = num_layers
+    if getattr(draft.config, "layer_types", None):
+        draft.config.layer_types = draft.config.layer_types[:num_layers]
+    return draft.eval()
+
+
+def check_same_tokenizer(target: Target, draft: Target) -> None:
+    if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+        raise ValueError(f"draft model {draft.name!r} does not share the tokenizer of target {target.name!r}; "
+                         "a draft LM must use the target's tokenizer (same ids for the same tokens)")

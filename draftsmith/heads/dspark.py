@@ -27,10 +27,10 @@ from typing import Optional
 import torch
 from torch import nn
 
-from draftsmith.eval.sampling import sample
 from draftsmith.heads import DRAFTERS
-from draftsmith.heads.base import range_problems, Draft, Drafter, StepOutput
+from draftsmith.heads.base import Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.dflash import BlockDrafting, BlockProposer, slot_metrics
+from draftsmith.sampling import sample
 
 
 class MarkovHead(nn.Module):

@@ -25,11 +25,11 @@ from typing import Optional
 import torch
 from torch import nn
 
-from draftsmith.data import packing
-from draftsmith.eval.sampling import logits_to_probs, sample
+from draftsmith import packing
 from draftsmith.heads import DRAFTERS
-from draftsmith.heads.base import Draft, Drafter, StepOutput, range_problems
+from draftsmith.heads.base import Draft, Drafter, FedNodes, StepOutput, range_problems
 from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, rotary
+from draftsmith.sampling import logits_to_probs, sample
 
 
 @DRAFTERS.register("eagle1")
@@ -173,8 +173,6 @@ class Eagle1Proposer:
     # ------------------------------------------------------------------ tree drafting (eval/tree.py)
     @torch.no_grad()
     def tree_root(self) -> torch.Tensor:
-        from draftsmith.eval.tree import FedNodes
-
         self.cache.crop(self.committed)
         self.tree_fed = FedNodes(self.last_out.device)
         self.tree_outs = self.last_out.new_zeros(1, 0, self.last_out.shape[-1])  # [1, F, h] per fed node

@@ -27,12 +27,12 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from draftsmith.data import packing
-from draftsmith.eval.sampling import logits_to_probs, sample
+from draftsmith import packing
+from draftsmith.archs import default_aux_layer_ids
 from draftsmith.heads import DRAFTERS
-from draftsmith.heads.base import Draft, Drafter, StepOutput, range_problems
+from draftsmith.heads.base import Draft, Drafter, FedNodes, StepOutput, range_problems
 from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, rotary
-from draftsmith.target import default_aux_layer_ids
+from draftsmith.sampling import logits_to_probs, sample
 
 
 @DRAFTERS.register("eagle3")
@@ -43,7 +43,7 @@ class Eagle3Drafter(Drafter):
     @dataclass
     class Config:
         # Target layer ids fused by fc (hidden_states[i] = input of layer i); None: low/mid/high
-        # by target.default_aux_layer_ids ([2, L//2, L-3], made distinct for shallow targets).
+        # by archs.default_aux_layer_ids ([2, L//2, L-3], made distinct for shallow targets).
         aux_layer_ids: Optional[list[int]] = None
         # Draft vocabulary size (most frequent training-target tokens); None: full vocabulary.
         draft_vocab_size: Optional[int] = None
@@ -317,8 +317,6 @@ class Eagle3Proposer:
 
     @torch.no_grad()
     def tree_root(self) -> torch.Tensor:
-        from draftsmith.eval.tree import FedNodes
-
         self.cache.crop(self.committed)
         self.tree_fed = FedNodes(self.last_out.device)
         self.tree_outs = self.last_out.new_zeros(1, 0, self.last_out.shape[-1])  # [1, F, h] per fed node

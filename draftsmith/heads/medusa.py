@@ -33,10 +33,10 @@ from typing import Literal, Optional
 import torch
 from torch import nn
 
-from draftsmith.data import packing
-from draftsmith.eval.sampling import logits_to_probs, sample
+from draftsmith import packing
 from draftsmith.heads import DRAFTERS
 from draftsmith.heads.base import Draft, Drafter, StepOutput, range_problems
+from draftsmith.sampling import logits_to_probs, sample
 
 
 class ResidualBlock(nn.Module):

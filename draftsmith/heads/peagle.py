@@ -27,11 +27,11 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from draftsmith.eval.sampling import logits_to_probs, sample
+from draftsmith.archs import default_aux_layer_ids
 from draftsmith.heads import DRAFTERS
-from draftsmith.heads.base import range_problems, Draft, Drafter, StepOutput
+from draftsmith.heads.base import Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, rotary
-from draftsmith.target import default_aux_layer_ids
+from draftsmith.sampling import logits_to_probs, sample
 
 
 @DRAFTERS.register("peagle")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftsmith.train import checkpoint
+from draftsmith import checkpoint
 from draftsmith.train.loop import Trainer
 
 HERE = Path(__file__).resolve().parent

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from draftsmith.eval import batch as batch_mod
-from draftsmith.eval import proposers
 from draftsmith.eval.loop import LoopConfig, generate, generate_batch
+from draftsmith.heads import draft_lm as draft_lm_mod
 from draftsmith.testing import tiny_target
 
 
@@ -41,8 +41,8 @@ def test_batched_greedy_equals_batch1_target_only(setup, drafter):
     if drafter == "none":
         props, k = [None] * len(prompts), 0
     else:
-        model = t.model if drafter == "self" else proposers.layer_truncated_copy(t.model, 1)
-        props, k = [proposers.DraftModelProposer(model, t.vocab_size) for _ in prompts], 3
+        model = t.model if drafter == "self" else draft_lm_mod.layer_truncated_copy(t.model, 1)
+        props, k = [draft_lm_mod.DraftModelProposer(model, t.vocab_size) for _ in prompts], 3
     # one EOS id per test: whatever row 1 emits 5th, so that row stops early while others go on
     eos = [base[1][4]] if drafter != "self" else []
     ref = [generate(t, None, p, LoopConfig(k=0, max_new_tokens=20, eos_ids=eos)).tokens for p in prompts]
@@ -59,6 +59,6 @@ def test_stories_batched_speculative_equals_target_only(stories_target):
     texts = ["Once upon a time", "Tom and Lily went to the park. They saw", "The little dog was sad because"]
     prompts = [t.tokenizer(x, return_tensors="pt").input_ids[0] for x in texts]
     base = [generate(t, None, p, LoopConfig(k=0, max_new_tokens=24)).tokens for p in prompts]
-    dl = proposers.DraftModelProposer(proposers.layer_truncated_copy(t.model, 2), t.vocab_size)
+    dl = draft_lm_mod.DraftModelProposer(draft_lm_mod.layer_truncated_copy(t.model, 2), t.vocab_size)
     gens = generate_batch(t, [copy.copy(dl) for _ in prompts], prompts, LoopConfig(k=4, max_new_tokens=24))
     assert [g.tokens for g in gens] == base

@@ -10,7 +10,8 @@ from test_verification import chi_square_pvalue
 
 from draftsmith.eval import proposers
 from draftsmith.eval.loop import LoopConfig, SpeculativeState, generate
-from draftsmith.eval.sampling import SamplingParams, logits_to_probs, sample, verify_stochastic
+from draftsmith.heads import draft_lm as draft_lm_mod
+from draftsmith.sampling import SamplingParams, logits_to_probs, sample, verify_stochastic
 
 PROMPTS = ["Once upon a time", "Tom and Lily went to the park. They saw", "The little dog was sad because"]
 MAX_NEW = 48
@@ -36,7 +37,7 @@ def _eagle3(target):
 
 def _make(kind, target):
     if kind == "draft_lm_2layer":
-        return proposers.DraftModelProposer(proposers.layer_truncated_copy(target.model, 2), target.vocab_size)
+        return draft_lm_mod.DraftModelProposer(draft_lm_mod.layer_truncated_copy(target.model, 2), target.vocab_size)
     if kind == "draft_lm_same":
         return proposers.build("draft_lm", target, draft_model=target)
     if kind == "ngram":
@@ -88,7 +89,7 @@ def test_stochastic_first_token_on_stories(stories_target, prompts):
     """T = 1: the first speculative token, drafted by the 2-layer copy and verified, is ~ p."""
     params = SamplingParams(temperature=1.0)
     ids = prompts[0]
-    draft = proposers.layer_truncated_copy(stories_target.model, 2)
+    draft = draft_lm_mod.layer_truncated_copy(stories_target.model, 2)
     p = logits_to_probs(stories_target.forward(ids[None]).logits[0, -1], params)  # [V]
     q = logits_to_probs(draft(input_ids=ids[None]).logits[0, -1].detach(), params)  # [V]
     assert (p - q).abs().sum() > 0.1, "p and q should differ for the test to mean something"

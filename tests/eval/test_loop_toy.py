@@ -6,7 +6,7 @@ import torch
 from eval_toys import fixed_logit_target, successor_table
 
 from draftsmith.eval.loop import LoopConfig, generate
-from draftsmith.eval.proposers import DraftModelProposer
+from draftsmith.heads.draft_lm import DraftModelProposer
 
 V = 16
 PROMPT = torch.tensor([0])

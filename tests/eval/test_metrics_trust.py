@@ -9,8 +9,8 @@ from eval_toys import fixed_logit_target, successor_table
 
 from draftsmith.eval import loop, metrics, runner
 from draftsmith.eval.loop import Generation, LoopConfig, RoundStats, generate
-from draftsmith.eval.proposers import DraftModelProposer
-from draftsmith.eval.sampling import verify_stochastic
+from draftsmith.heads.draft_lm import DraftModelProposer
+from draftsmith.sampling import verify_stochastic
 
 V = 16
 

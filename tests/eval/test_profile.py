@@ -55,10 +55,10 @@ def test_costly_drafts_do_not_pay_and_summary_says_so():
 
 
 def test_profile_cli_then_export_copies_it(tmp_path):
+    from draftsmith import checkpoint
     from draftsmith import config as config_mod
     from draftsmith import target as target_mod
     from draftsmith.heads import DRAFTERS
-    from draftsmith.train import checkpoint
 
     shared_path(STORIES)
     cfg = config_mod.load(str(REPO / "recipes" / "debug" / "eagle3-stories260k.yaml"))

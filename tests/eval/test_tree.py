@@ -10,7 +10,8 @@ from test_verification import chi_square_pvalue
 
 from draftsmith.eval import tree as tree_mod
 from draftsmith.eval.loop import LoopConfig, generate
-from draftsmith.eval.sampling import SamplingParams, logits_to_probs, sample
+from draftsmith.heads import draft_lm as draft_lm_mod
+from draftsmith.sampling import SamplingParams, logits_to_probs, sample
 from draftsmith.testing import tiny_target
 
 #           0   1   2   3   4   5      parents: a depth-3 tree with two branches at the root
@@ -179,11 +180,10 @@ def _heads(kind, target):
 @pytest.mark.parametrize("kind", ["eagle3", "eagle1", "medusa", "mlp_speculator", "draft_lm"])
 @pytest.mark.parametrize("tree_kind", ["dynamic", "static"])
 def test_tree_decoding_is_lossless(kind, tree_kind):
-    from draftsmith.eval import proposers
 
     t = tiny_target(num_layers=2, hidden=32, vocab=128, seed=1)
     if kind == "draft_lm":  # the target itself: its trees are accepted deep, exercising the gather
-        proposer = proposers.DraftModelProposer(t.model, t.vocab_size)
+        proposer = draft_lm_mod.DraftModelProposer(t.model, t.vocab_size)
     else:
         proposer = _heads(kind, t)
     prompt = torch.tensor([1, 40, 41, 42, 43])
@@ -199,10 +199,9 @@ def test_tree_decoding_is_lossless(kind, tree_kind):
 @pytest.mark.parametrize("kind", ["eagle3", "eagle1", "mlp_speculator", "draft_lm"])
 def test_siblings_do_not_leak_into_a_nodes_draft(kind):
     """A node's children log-probs are the same whether its siblings were fed beside it or not."""
-    from draftsmith.eval import proposers
 
     t = tiny_target(num_layers=2, hidden=32, vocab=128, seed=1)
-    proposer = proposers.DraftModelProposer(t.model, t.vocab_size) if kind == "draft_lm" else _heads(kind, t)
+    proposer = draft_lm_mod.DraftModelProposer(t.model, t.vocab_size) if kind == "draft_lm" else _heads(kind, t)
     prompt = torch.tensor([1, 40, 41, 42, 43])
     out = t.forward(prompt[None])
 
@@ -220,9 +219,8 @@ def test_siblings_do_not_leak_into_a_nodes_draft(kind):
 
 def test_stochastic_tree_loop_runs_to_length():
     t = tiny_target(num_layers=2, hidden=32, vocab=128, seed=1)
-    from draftsmith.eval import proposers
 
-    proposer = proposers.DraftModelProposer(t.model, t.vocab_size)  # q = p: deep acceptance at T = 1
+    proposer = draft_lm_mod.DraftModelProposer(t.model, t.vocab_size)  # q = p: deep acceptance at T = 1
     cfg = LoopConfig(k=3, max_new_tokens=20, eos_ids=[], sampling=SamplingParams(1.0),
                      tree=tree_mod.TreeConfig("dynamic", depth=3, topk=2, budget=6))
     g = generate(t, proposer, torch.tensor([1, 40, 41]), cfg, torch.Generator().manual_seed(0))
@@ -230,11 +228,10 @@ def test_stochastic_tree_loop_runs_to_length():
 
 
 def test_measured_topk_acceptance_builds_the_static_tree():
-    from draftsmith.eval import proposers
 
     t = tiny_target(num_layers=2, hidden=32, vocab=128, seed=1)
     prompts = [torch.tensor([1, 40, 41]), torch.tensor([1, 7, 8, 9])]
-    same = tree_mod.measure_topk_acceptance(t, proposers.DraftModelProposer(t.model, t.vocab_size), prompts, 3, 2, 12)
+    same = tree_mod.measure_topk_acceptance(t, draft_lm_mod.DraftModelProposer(t.model, t.vocab_size), prompts, 3, 2, 12)
     assert [row[0] for row in same] == [1.0, 1.0, 1.0]  # the target as its own drafter: always rank 0
     heads = _heads("medusa", t)  # 3 heads: depth is capped there
     acc = tree_mod.measure_topk_acceptance(t, heads, prompts, 5, 3, 12)

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from draftsmith import checkpoint
 from draftsmith import config as config_mod
 from draftsmith import target as target_mod
 from draftsmith.heads import DRAFTERS
 from draftsmith.testing import byte_tokenizer
-from draftsmith.train import checkpoint
 
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 512}

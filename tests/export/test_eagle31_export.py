@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from draftsmith import checkpoint
 from draftsmith.export import export
-from draftsmith.train import checkpoint
 from tests.export.conftest import make_checkpoint
 from tests.export.test_speculators_load import speculators
 

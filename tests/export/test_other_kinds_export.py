@@ -13,10 +13,10 @@ from conftest import make_checkpoint
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from draftsmith import checkpoint
 from draftsmith.export import EXPORTERS, export
 from draftsmith.export.common import ExportOptions, ExportValidationError
 from draftsmith.export.validate import validate_export
-from draftsmith.train import checkpoint
 
 H, V = 32, 259  # conftest.save_tiny_target: hidden 32, byte vocabulary 259, 1024 positions
 

@@ -11,9 +11,9 @@ from conftest import LLAMA3_ROPE, make_checkpoint
 from safetensors.torch import load_file
 from test_speculators_load import speculators
 
+from draftsmith import checkpoint
 from draftsmith.export import export
 from draftsmith.export.common import ExportOptions
-from draftsmith.train import checkpoint
 
 CASES = {
     "dflash": ("dflash", {"block_size": 4, "num_layers": 2, "draft_vocab_size": 100}),

@@ -9,8 +9,8 @@ import torch
 
 from draftsmith import config
 from draftsmith.cli import main as cli_main
+from draftsmith.cli_prepare import predict_cache
 from draftsmith.data import feature_cache
-from draftsmith.data.cli import predict_cache
 from draftsmith.train.loop import train
 
 

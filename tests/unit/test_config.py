@@ -53,3 +53,27 @@ def test_missing_and_malformed_files(tmp_path):
     bad.write_text("train: [unclosed\n")
     with pytest.raises(config.ConfigError, match="not valid YAML"):
         config.load(bad)
+
+
+def test_train_num_workers_is_gone():
+    """It was never read (issue 11, item 21): a recipe naming it gets the normal unknown-key error."""
+    with pytest.raises(config.ConfigError, match=r"unknown key 'train\.num_workers'"):
+        config.from_dict({"train": {"num_workers": 2}})
+
+
+def test_draft_lm_lora_options_are_typed_and_validated():
+    from draftsmith.heads.base import LoraOptions
+
+    cfg = config.from_dict({"drafter": {"kind": "draft_lm", "lora": {"r": 4, "target_modules": ["q_proj"]}}})
+    lora = config.drafter_options(cfg).lora
+    assert lora == LoraOptions(r=4, alpha=32, dropout=0.0, target_modules=["q_proj"])
+    assert config.drafter_options(config.from_dict({"drafter": {"kind": "draft_lm"}})).lora is None
+    bad = {"drafter": {"kind": "draft_lm", "lora": {"rank": 4, "r": "x"}}}
+    with pytest.raises(config.ConfigError) as err:
+        config.from_dict(bad)
+    assert sorted(err.value.problems) == ["drafter.lora.r: expected an integer, got 'x'",
+                                          "unknown key 'drafter.lora.rank' (known: r, alpha, dropout, target_modules)"]
+    with pytest.raises(config.ConfigError) as err:
+        config.from_dict({"drafter": {"kind": "draft_lm", "lora": {"r": 0, "dropout": 1.0, "target_modules": []}}})
+    assert err.value.problems == ["drafter.lora.r: must be >= 1, got 0", "drafter.lora.dropout: must be >= 0 and < 1, got 1.0",
+                                  "drafter.lora.target_modules: must name at least one module, or be null (every Llama linear)"]

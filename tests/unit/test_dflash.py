@@ -10,8 +10,8 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from draftsmith import features
 from draftsmith.eval.loop import LoopConfig, generate, slice_output
-from draftsmith.eval.sampling import SamplingParams
 from draftsmith.heads.dflash import DFlashDrafter
+from draftsmith.sampling import SamplingParams
 from draftsmith.testing import tiny_target
 
 

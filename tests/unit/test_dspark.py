@@ -12,8 +12,8 @@ from test_dflash import batch_for, reference_hidden
 from draftsmith import features
 from draftsmith.eval import metrics
 from draftsmith.eval.loop import LoopConfig, generate
-from draftsmith.eval.sampling import SamplingParams
 from draftsmith.heads.dspark import DSparkDrafter
+from draftsmith.sampling import SamplingParams
 from draftsmith.testing import tiny_target
 
 

@@ -10,8 +10,8 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from draftsmith import config, features
-from draftsmith.eval.sampling import SamplingParams, logits_to_probs
 from draftsmith.heads.eagle1 import Eagle1Drafter
+from draftsmith.sampling import SamplingParams, logits_to_probs
 from draftsmith.target import TargetOutput
 from draftsmith.testing import tiny_target
 from tests.conftest import REPO, STORIES, shared_path

@@ -9,8 +9,8 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from draftsmith import features
-from draftsmith.eval.sampling import SamplingParams
 from draftsmith.heads.eagle3 import Eagle3Drafter
+from draftsmith.sampling import SamplingParams
 from draftsmith.target import TargetOutput
 from draftsmith.testing import tiny_target
 

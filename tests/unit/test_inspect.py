@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from draftsmith import archs, config
+from draftsmith import archs, config, testing
 from draftsmith.cli import main as cli_main
 from draftsmith.train.loop import Trainer
 
 
 @pytest.fixture(scope="module")
 def gemma2_dir(tmp_path_factory):
-    target = archs.tiny_target("gemma2")
+    target = testing.arch_target("gemma2")
     out = tmp_path_factory.mktemp("gemma2")
     target.model.save_pretrained(out)
     target.tokenizer.save_pretrained(out)
@@ -44,7 +44,7 @@ def test_inspect_exits_1_with_reasons(tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_config(two).save_pretrained(target_dir)
-    archs.tiny_target("llama3").tokenizer.save_pretrained(target_dir)
+    testing.arch_target("llama3").tokenizer.save_pretrained(target_dir)
     assert cli_main(["inspect", str(target_dir)]) == 0  # usable, with sglang/trtllm refused and named
     assert "refused: sglang (sglang: aux layer ids name layer outputs" in capsys.readouterr().out
     vlm = tmp_path / "vlm"
@@ -56,7 +56,7 @@ def test_inspect_exits_1_with_reasons(tmp_path, capsys):
 
 
 def test_train_refuses_an_unsupported_target_before_reading_data(tmp_path):
-    target = archs.tiny_target("llama3")
+    target = testing.arch_target("llama3")
     target.config.rope_parameters = {"rope_type": "mystery", "rope_theta": 10000.0}
     cfg = config.from_dict({"target": {"path": "unused", "device": "cpu"},
                             "data": {"path": [str(tmp_path / "does-not-exist.jsonl")]},

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from draftsmith import config, features
-from draftsmith.eval.sampling import SamplingParams, logits_to_probs
 from draftsmith.heads.medusa import MedusaDrafter
+from draftsmith.sampling import SamplingParams, logits_to_probs
 from draftsmith.target import TargetOutput
 from draftsmith.testing import tiny_target
 from tests.conftest import REPO, STORIES, shared_path
@@ -129,8 +129,8 @@ def _lora_steps(target, drafter, steps=3):
 def test_medusa2_lora_trains_adapter_and_leaves_target_intact(tmp_path):
     from peft import PeftModel
 
+    from draftsmith import checkpoint
     from draftsmith.heads.medusa import shared_weight_copy
-    from draftsmith.train import checkpoint
 
     target, drafter = make(num_heads=2, lora=True, lora_r=4, lora_kl_weight=0.5)
     assert "last_hidden_state" not in drafter.required_features

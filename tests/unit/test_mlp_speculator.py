@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from draftsmith import config, features
-from draftsmith.eval.sampling import SamplingParams, logits_to_probs
 from draftsmith.heads.mlp_speculator import MLPSpeculatorDrafter
+from draftsmith.sampling import SamplingParams, logits_to_probs
 from draftsmith.target import TargetOutput
 from draftsmith.testing import tiny_target
 from tests.conftest import REPO, STORIES, shared_path

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftsmith import features
-from draftsmith.data import TokenDataset, collate, packing
+from draftsmith import features, packing
+from draftsmith.data import TokenDataset, collate
 from draftsmith.heads import DRAFTERS
 from draftsmith.testing import tiny_target
 

@@ -152,7 +152,7 @@ def test_trains_its_own_embedding_and_mask_hidden():
 
 
 def test_stochastic_parallel_proposal_carries_its_distributions():
-    from draftsmith.eval.sampling import SamplingParams
+    from draftsmith.sampling import SamplingParams
 
     target, d = make(num_depths=3)
     d.eval()

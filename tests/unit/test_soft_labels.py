@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftsmith import archs, features
+from draftsmith import archs, features, testing
 from draftsmith.data import TokenDataset, collate, feature_cache
 
 REQUIRED = {"input_ids", "attention_mask", "loss_mask", "aux_hidden_states", "target_logits"}
@@ -14,7 +14,7 @@ REQUIRED = {"input_ids", "attention_mask", "loss_mask", "aux_hidden_states", "ta
 
 @pytest.fixture(scope="module")
 def gemma2():
-    return archs.tiny_target("gemma2")
+    return testing.arch_target("gemma2")
 
 
 def _dataset(n=4):

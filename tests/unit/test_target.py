@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from draftsmith import archs
 from draftsmith import target as target_mod
 from tests.conftest import STORIES, shared_path
 
@@ -10,7 +11,7 @@ from tests.conftest import STORIES, shared_path
 @pytest.mark.parametrize("layers, ids", [(32, [2, 16, 29]), (7, [2, 3, 4]), (6, [1, 3, 5]), (5, [1, 2, 4]),
                                          (4, [1, 2, 3]), (3, [0, 1, 2]), (2, [0, 1, 1])])
 def test_default_aux_layer_ids(layers, ids):
-    assert target_mod.default_aux_layer_ids(layers) == ids
+    assert archs.default_aux_layer_ids(layers) == ids
 
 
 def test_stories260k_is_frozen_with_both_stop_ids():

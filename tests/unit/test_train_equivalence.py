@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftsmith import config
+from draftsmith import checkpoint, config
 from draftsmith.cli import main as cli_main
-from draftsmith.train import checkpoint
 from draftsmith.train.loop import train
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from draftsmith import checkpoint as ckpt_io
 from draftsmith import config
 from draftsmith.testing import tiny_target
 from draftsmith.train import checkpoint
@@ -41,7 +42,7 @@ def test_checkpoint_reloads_and_rotation(tiny_run):
     result = trainer.run()
     steps = [p.name for p in checkpoint.step_dirs(cfg.train.output_dir)]
     assert steps == ["step_0000004", "step_0000005"]
-    loaded = checkpoint.load_drafter(result.final_checkpoint)
+    loaded = ckpt_io.load_drafter(result.final_checkpoint)
     for key, value in trainer.drafter.state_dict().items():
         assert torch.equal(loaded.drafter.state_dict()[key], value), key
     assert config.to_dict(loaded.config) == config.to_dict(cfg)
@@ -60,16 +61,16 @@ def test_crash_mid_write_keeps_previous_checkpoint(tiny_run, monkeypatch):
             f.write(b"half a file")
         raise OSError("disk full")
 
-    monkeypatch.setattr(checkpoint, "save_file", torn_save)
+    monkeypatch.setattr(ckpt_io, "save_file", torn_save)
     with pytest.raises(OSError, match="disk full"):
-        checkpoint.save(final, trainer.drafter, trainer.target, cfg, step=99)
+        ckpt_io.save(final, trainer.drafter, trainer.target, cfg, step=99)
     assert (final / "drafter.safetensors").read_bytes() == before
     assert [p.name for p in trainer.output_dir.iterdir() if ".tmp-" in p.name] == []
-    assert checkpoint.load_drafter(final).meta["step"] == 2
+    assert ckpt_io.load_drafter(final).meta["step"] == 2
 
 
 def test_checkpoint_for_another_target_is_refused(tiny_run):
     cfg = tiny_run("other", "train.max_steps=1")
     result = train(cfg)
     with pytest.raises(ValueError, match="was trained for target .* fingerprint"):
-        checkpoint.load_drafter(result.final_checkpoint, target=tiny_target(num_layers=4, hidden=32, seed=1))
+        ckpt_io.load_drafter(result.final_checkpoint, target=tiny_target(num_layers=4, hidden=32, seed=1))

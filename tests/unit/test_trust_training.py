@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+from draftsmith import checkpoint as ckpt_io
 from draftsmith import target as target_mod
 from draftsmith.train import checkpoint, parallel
 from draftsmith.train.loop import Trainer, lr_lambda, train
@@ -63,8 +64,8 @@ def test_checkpoint_config_cannot_turn_on_trust_remote_code(tiny_run, monkeypatc
         return real_load(path, dtype, device, revision, False)
 
     monkeypatch.setattr(target_mod, "load", spy)
-    checkpoint.load_drafter(final)
-    checkpoint.load_drafter(final, trust_remote_code=True)  # only the caller's explicit flag enables it
+    ckpt_io.load_drafter(final)
+    ckpt_io.load_drafter(final, trust_remote_code=True)  # only the caller's explicit flag enables it
     assert seen == [False, True]
 
 

@@ -1,0 +1,118 @@
+"""Layering (issue 11, item 21): eval and export never load the training code, and draftsmith's
+subpackages and top-level modules import each other without cycles."""
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+PKG = REPO / "draftsmith"
+
+
+def test_eval_and_export_do_not_import_training():
+    code = ("import json, sys; import draftsmith.eval.cli, draftsmith.export.api, draftsmith.checkpoint; "
+            "print(json.dumps(sorted(m for m in sys.modules if m == 'draftsmith.train' or m.startswith('draftsmith.train.'))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def _unit(module: str) -> str | None:
+    """draftsmith.eval.loop -> eval; draftsmith.config -> config; draftsmith -> None (the package root)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "draftsmith" else None
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST, module: str, is_init: bool):
+    """Every imported draftsmith module name in `tree`: module level and inside functions alike
+    (a lazy import still ties the two layers together); `if TYPE_CHECKING:` blocks never run, so skip them."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")[: len(module.split(".")) - node.level + (1 if is_init else 0)]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            yield name, node.lineno
+            for alias in node.names:  # `from draftsmith import config` imports the module draftsmith.config
+                sub = PKG.parent / (name + "." + alias.name).replace(".", "/")
+                if sub.with_suffix(".py").exists() or sub.is_dir():
+                    yield f"{name}.{alias.name}", node.lineno
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def import_graph() -> dict[str, dict[str, list[str]]]:
+    """unit -> {imported unit: ["file:line", ...]}; a unit is a subpackage (heads, eval, ...) or a top-level module."""
+    graph: dict[str, dict[str, list[str]]] = {}
+    for file in sorted(PKG.rglob("*.py")):
+        rel = file.relative_to(PKG.parent)
+        module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+        src = _unit(module)
+        if src is None:
+            continue
+        for name, line in _imports(ast.parse(file.read_text(), str(file)), module, file.name == "__init__.py"):
+            dst = _unit(name)
+            if dst is not None and dst != src:
+                graph.setdefault(src, {}).setdefault(dst, []).append(f"{rel}:{line}")
+    return graph
+
+
+def cycles(graph: dict[str, dict[str, list[str]]]) -> list[list[str]]:
+    """Strongly connected components with more than one unit (Tarjan)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(set(graph) | {w for e in graph.values() for w in e}):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b": ["x"]}, "b": {"c": ["y"]}, "c": {"a": ["z"]}, "d": {"a": ["w"]}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b": ["x"]}, "b": {}}) == []
+
+
+def test_no_import_cycles_between_subpackages():
+    graph = import_graph()
+    assert "eval" in graph and "heads" in graph.get("eval", {})  # the graph sees real edges
+    found = cycles(graph)
+    detail = [{u: {v: graph[u][v][:3] for v in comp if v in graph.get(u, {})} for u in comp} for comp in found]
+    assert not found, f"import cycles between draftsmith's subpackages/modules: {detail}"
