@@ -24,7 +24,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-KINDS = ("eagle3", "eagle1", "medusa", "mlp_speculator", "draft_lm")
+KINDS = ("eagle3", "eagle1", "medusa", "mlp_speculator", "draft_lm")  # the kinds the architecture matrix checks
+# Block drafters: known to `inspect` and train's checks, not yet run through the architecture matrix.
+BLOCK_KINDS = ("dflash", "dspark", "peagle")
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
@@ -178,12 +180,12 @@ def refusals(config, kind: str, fmt: str | None = None) -> list[str]:
     reasons: list[str] = []
     if getattr(c, "num_hidden_layers", 0) < 1 or not getattr(c, "hidden_size", None):
         return [f"{c.model_type}: the config has no decoder layers / hidden size draftsmith can read"]
-    if kind not in KINDS:
-        return [f"drafter kind {kind!r} is unknown (known: {list(KINDS)})"]
+    if kind not in KINDS + BLOCK_KINDS:
+        return [f"drafter kind {kind!r} is unknown (known: {list(KINDS + BLOCK_KINDS)})"]
     rope_type = draft_rope(c).get("rope_type", "default")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    if kind in ("eagle1", "eagle3") and rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
+    if kind in ("eagle1", "eagle3") + BLOCK_KINDS and rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
         reasons.append(f"rope_type {rope_type!r}: the draft layer's rotary embedding does not implement it")
     if kind == "eagle3" and fmt in ("sglang", "trtllm"):
         # SGLang and TRT-LLM name aux layers by layer OUTPUT: a 2-layer target's default ids include 0.

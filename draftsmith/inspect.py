@@ -77,7 +77,7 @@ def support(config) -> dict[str, dict]:
     from draftsmith.export import formats_for as export_formats_for  # the registry loads every exporter
 
     out = {}
-    for kind in archs.KINDS:
+    for kind in archs.KINDS + archs.BLOCK_KINDS:
         reasons = archs.refusals(config, kind)
         formats = {fmt: archs.refusals(config, kind, fmt) for fmt in export_formats_for(kind)}
         out[kind] = {"refusals": reasons, "formats": {f: r for f, r in formats.items()}}
@@ -170,7 +170,7 @@ def main(args) -> int:
         return 1
     print(json.dumps(rep, indent=2, default=str) if args.json else format_text(rep))
     if args.kind and args.kind not in rep["kinds"]:
-        known = list(archs.KINDS)
+        known = list(archs.KINDS + archs.BLOCK_KINDS)
         print(f"--kind {args.kind!r}: unknown or unchecked (known: {known})", file=sys.stderr)
         return 1
     reasons = rep["problems"] + (rep["kinds"][args.kind]["refusals"] if args.kind else [])
