@@ -44,12 +44,13 @@ RECIPE = REPO / "recipes" / "debug" / "medusa-stories260k.yaml"
 HEADS, LAYERS = 3, 1  # the protocol's drafter size (issue 10)
 
 
-def protocol_data(target, work: Path, n_stories: int, data_seed: int) -> Path:
+def protocol_data(target, work: Path, n_stories: int, data_seed: int, story_tokens: int) -> Path:
     """The protocol's self-sampled stories as a JSONL of text rows, written once per (n, seed)."""
-    data_file = work / f"stories-{n_stories}-{data_seed}.jsonl"  # bench_peers' file name: one cache for both
+    name = f"stories-{n_stories}-{data_seed}" + ("" if story_tokens == DEFAULTS["story_tokens"] else f"-{story_tokens}t")
+    data_file = work / f"{name}.jsonl"  # bench_peers' file name for the protocol's data: one cache for both
     if not data_file.exists():
         t0 = time.perf_counter()
-        stories = sample_stories(target, n_stories, DEFAULTS["story_tokens"], DEFAULTS["temperature"], data_seed)
+        stories = sample_stories(target, n_stories, story_tokens, DEFAULTS["temperature"], data_seed)
         tmp = data_file.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps({"text": s}) + "\n" for s in stories))
         tmp.replace(data_file)
@@ -82,19 +83,20 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--workdir", type=Path, default=None, help="keeps the sampled data between runs")
     ap.add_argument("--out", type=Path, default=None, help="append the result as one JSON line here")
-    ap.add_argument("--smoke", action="store_true", help="2 steps, 1 seed, 8 stories, 2 prompts x 24 tokens (CI)")
+    ap.add_argument("--smoke", action="store_true", help="2 steps, 1 seed, 8 stories x 32 tokens, 2 prompts x 24 tokens (CI)")
     args = ap.parse_args(argv)
     if not STORIES.is_dir():
         print(f"bench_medusa: {STORIES} is missing; it needs ../shared beside the repository", file=sys.stderr)
         return 2
     n_stories, prompts, eval_tokens = DEFAULTS["stories"], args.prompts, DEFAULTS["eval_new_tokens"]
+    story_tokens = DEFAULTS["story_tokens"]
     if args.smoke:
-        args.steps, args.seeds, n_stories, prompts, eval_tokens = 2, [0], 8, 2, 24
+        args.steps, args.seeds, n_stories, story_tokens, prompts, eval_tokens = 2, [0], 8, 32, 2, 24
     torch.set_num_threads(max(1, torch.get_num_threads()))
     target = target_mod.load(str(STORIES), dtype="float32", device="cpu")
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-medusa-"))
     work.mkdir(parents=True, exist_ok=True)
-    data_file = protocol_data(target, work, n_stories, args.data_seed)
+    data_file = protocol_data(target, work, n_stories, args.data_seed, story_tokens)
     evalset = greedy_continuations(target, prompts, eval_tokens)
     k = DEFAULTS["k"]
     rows = []
@@ -110,7 +112,7 @@ def main(argv=None) -> int:
         print(json.dumps({k_: (round(v, 4) if isinstance(v, float) else v) for k_, v in row.items()}), flush=True)
     s = summarize([r["tau"] for r in rows])
     report = {"protocol": {**DEFAULTS, "prompts": prompts, "eval_new_tokens": eval_tokens, "stories": n_stories,
-                           "steps": args.steps, "data_seed": args.data_seed, "heads": HEADS, "layers": LAYERS},
+                           "story_tokens": story_tokens, "steps": args.steps, "data_seed": args.data_seed, "heads": HEADS, "layers": LAYERS},
               "overrides": args.overrides, "runs": rows, "tau": s}
     label = " ".join(args.overrides) or "(recipe defaults)"
     print(f"medusa tau@{args.steps} {s['mean']:.3f} ± {s['std']:.3f}  (min {s['min']:.3f}, max {s['max']:.3f}, "
