@@ -12,7 +12,16 @@ lm_head input). Every head reads the SAME state.
 Indexing (the paper's sec. 2.1.1: "the k-th head predicts the token at position t+k+1; the original
 lm_head predicts t+1"): the target state h_j at position j predicts x_{j+1} through the target's own
 lm_head; head i (0-based) on h_j predicts x_{j+2+i}. At inference h is the state whose next token is
-the newest committed token c, so head i proposes the (i+1)-th token after c: draft token i+1.
+the newest committed token c, so head i proposes the (i+1)-th token after c: draft token i+1. vLLM
+reads heads the same way (v1/spec_decode/medusa.py: head i's argmax on the sampled position's state
+is draft token i). `next_token_head` selects Model Optimizer's convention instead (head i predicts
+x_{j+1+i}: head 0 repeats the target's own next token, and the proposer skips it); vLLM export refuses it.
+
+Labels. The target-argmax labels at j+1+i condition on the data tokens x_{j+1..j+1+i}, which the
+head on h_j never sees; on sampled data those are often not the target's greedy tokens, while at
+greedy inference head i is only ever asked for the greedy continuation. `greedy_path_only` keeps the
+positions whose data tokens are greedy; `greedy_chain_labels` computes the greedy continuation of
+every prefix with tree-masked target forwards and labels every position with it.
 
 Medusa-2 (`lora: true`, paper sec. 2.2.2): the heads are trained jointly with a LoRA adapter on the
 target (peft). The drafter owns a *view* of the target: a structural copy whose frozen weight
@@ -93,10 +102,11 @@ class MedusaDrafter(Drafter):
         # At greedy inference head i is asked for exactly that token; with sampled data the tokens
         # after x_j are often not the target's own, and the plain label then conditions on them.
         greedy_chain_labels: bool = False
+        # (greedy_chain_labels makes greedy_path_only moot: its labels are on the greedy path everywhere.)
         # Train head i at position j only where the data tokens between j and its label follow the
         # target's greedy path (x_{j+1+m} = argmax p_{j+m}): at greedy inference the head is only ever
         # asked about such continuations, and elsewhere its label depends on a sampled token it cannot see.
-        greedy_path_only: bool = False
+        greedy_path_only: bool = True
         # Residual-block start: "zero" (weight and bias zero: an untrained head is its vocabulary
         # projection; the Medusa repo) or "normal" (weight ~ Normal(0, block_init_std), bias zero).
         block_init: Literal["zero", "normal"] = "zero"
@@ -126,9 +136,9 @@ class MedusaDrafter(Drafter):
             raise ValueError("drafter.next_token_head=true needs drafter.num_heads >= 2 (head 0 proposes nothing)")
         if not 0.0 <= cfg.hard_label_weight <= 1.0:
             raise ValueError(f"drafter.hard_label_weight must lie in [0, 1], got {cfg.hard_label_weight}")
-        if cfg.greedy_chain_labels and (cfg.loss == "ce_data" or cfg.greedy_path_only or cfg.lora):
+        if cfg.greedy_chain_labels and (cfg.loss == "ce_data" or cfg.lora):
             raise ValueError("drafter.greedy_chain_labels=true takes its labels from the target's greedy continuation: "
-                             "it cannot be combined with loss=ce_data, greedy_path_only or lora")
+                             "it cannot be combined with loss=ce_data or lora")
         if cfg.block_init_std <= 0:
             raise ValueError(f"drafter.block_init_std must be > 0, got {cfg.block_init_std}")
         if cfg.freeze_lm_head and not cfg.init_lm_head_from_target:
@@ -287,7 +297,7 @@ class MedusaDrafter(Drafter):
             else:
                 p_logits = target_logits[:, o - 1 + i : o - 1 + i + n]  # [b, n, V]
                 m = mask[:, o + i : o + i + n]  # 3.
-            if c.greedy_path_only:
+            if c.greedy_path_only and chain is None:
                 for step in range(o - 1 + i):  # x_{j+1+step} must be greedy for step < o-1+i
                     m = m * on_path[:, step : step + n]
             labels = ids[:, o + i : o + i + n] if c.loss == "ce_data" else p_logits.argmax(-1)

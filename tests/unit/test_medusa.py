@@ -130,7 +130,7 @@ def test_untrained_head_is_the_target_lm_head():
 
 @pytest.mark.parametrize("mode", ["ce", "kl", "mix", "ce_data"])
 def test_loss_matches_hand_written_reference(mode):
-    target, drafter = make(num_heads=3, num_layers=2, loss=mode, hard_label_weight=0.3)
+    target, drafter = make(num_heads=3, num_layers=2, loss=mode, hard_label_weight=0.3, greedy_path_only=False)
     batch = batch_for(target, drafter)
     with torch.no_grad():
         got = drafter.forward_loss(batch)
@@ -143,7 +143,8 @@ def test_loss_matches_hand_written_reference(mode):
 @pytest.mark.parametrize("mode", ["ce", "mix"])
 def test_next_token_head_loss_matches_reference(mode):
     """Model Optimizer's convention: head i predicts x_{j+1+i}; head 0 is the target's own next token."""
-    target, drafter = make(num_heads=3, num_layers=1, loss=mode, next_token_head=True, head_weights=[1.0, 0.5, 0.25])
+    target, drafter = make(num_heads=3, num_layers=1, loss=mode, next_token_head=True, head_weights=[1.0, 0.5, 0.25],
+                           greedy_path_only=False)
     batch = batch_for(target, drafter)
     with torch.no_grad():
         got = drafter.forward_loss(batch)
@@ -154,7 +155,8 @@ def test_next_token_head_loss_matches_reference(mode):
 
 @pytest.mark.parametrize("next_token_head", [False, True])
 def test_greedy_path_only_loss_matches_reference(next_token_head):
-    target, drafter = make(num_heads=3, num_layers=1, loss="kl", greedy_path_only=True, next_token_head=next_token_head)
+    target, drafter = make(num_heads=3, num_layers=1, loss="kl", next_token_head=next_token_head)
+    assert drafter.cfg.greedy_path_only  # the default
     batch = greedy_batch(target)
     offset = 1 if next_token_head else 2
     with torch.no_grad():
@@ -256,7 +258,7 @@ def test_medusa2_lora_trains_adapter_and_leaves_target_intact(tmp_path):
     from draftsmith.heads.medusa import shared_weight_copy
     from draftsmith.train import checkpoint
 
-    target, drafter = make(num_heads=2, lora=True, lora_r=4, lora_kl_weight=0.5)
+    target, drafter = make(num_heads=2, lora=True, lora_r=4, lora_kl_weight=0.5, greedy_path_only=False)
     assert "last_hidden_state" not in drafter.required_features
     before = {k: v.clone() for k, v in target.model.state_dict().items()}
     lora_before = {k: v.clone() for k, v in drafter.lora.items()}
