@@ -152,6 +152,10 @@ class VLLMExporter(Exporter):
 
     def _medusa(self, loaded, dtype, k: int):
         d, target = loaded.drafter, loaded.target
+        if d.cfg.next_token_head:
+            raise ValueError("export --to vllm: this Medusa drafter has drafter.next_token_head=true (head i predicts "
+                             "the token i+1 after the state, head 0 the target's own next token), while vLLM's head i "
+                             "proposes the token i+2 after it; retrain with drafter.next_token_head=false")
         config = {
             "architectures": ["MedusaModel"],
             "model_type": "medusa",

@@ -12,7 +12,16 @@ lm_head input). Every head reads the SAME state.
 Indexing (the paper's sec. 2.1.1: "the k-th head predicts the token at position t+k+1; the original
 lm_head predicts t+1"): the target state h_j at position j predicts x_{j+1} through the target's own
 lm_head; head i (0-based) on h_j predicts x_{j+2+i}. At inference h is the state whose next token is
-the newest committed token c, so head i proposes the (i+1)-th token after c: draft token i+1.
+the newest committed token c, so head i proposes the (i+1)-th token after c: draft token i+1. vLLM
+reads heads the same way (v1/spec_decode/medusa.py: head i's argmax on the sampled position's state
+is draft token i). `next_token_head` selects Model Optimizer's convention instead (head i predicts
+x_{j+1+i}: head 0 repeats the target's own next token, and the proposer skips it); vLLM export refuses it.
+
+Labels. The target-argmax labels at j+1+i condition on the data tokens x_{j+1..j+1+i}, which the
+head on h_j never sees; on sampled data those are often not the target's greedy tokens, while at
+greedy inference head i is only ever asked for the greedy continuation. `greedy_path_only` keeps the
+positions whose data tokens are greedy; `greedy_chain_labels` computes the greedy continuation of
+every prefix with tree-masked target forwards and labels every position with it.
 
 Medusa-2 (`lora: true`, paper sec. 2.2.2): the heads are trained jointly with a LoRA adapter on the
 target (peft). The drafter owns a *view* of the target: a structural copy whose frozen weight
@@ -74,14 +83,39 @@ class MedusaDrafter(Drafter):
         num_heads: int = 4
         # Residual blocks per head (vLLM's num_hidden_layers of a Medusa config).
         num_layers: int = 1
+        # Head-index convention. false (the Medusa paper, vLLM): head i on the state whose next token is
+        # c predicts the (i+1)-th token after c, x_{j+2+i}. true (Model Optimizer): head 0 predicts the
+        # target's own next token x_{j+1} and head i predicts x_{j+1+i}; head 0 then duplicates the
+        # target's lm_head, the proposer skips it, and n heads propose n-1 tokens. vLLM reads the first
+        # convention, so export refuses the second.
+        next_token_head: bool = False
         # Labels: "ce" = hard CE on the target's greedy token at that offset; "kl" = forward KL to the
-        # target's distribution there; "ce_data" = hard CE on the data token (Medusa-1 on raw data).
-        loss: Literal["ce", "kl", "ce_data"] = "ce"
+        # target's distribution there; "mix" = (1 - hard_label_weight) * KL + hard_label_weight * CE;
+        # "ce_data" = hard CE on the data token (Medusa-1 on raw data, Model Optimizer's loss).
+        loss: Literal["ce", "kl", "mix", "ce_data"] = "ce"
+        hard_label_weight: float = 0.5
         # Weight of head i is head_decay ** i (the Medusa repo uses 0.8), unless head_weights is given.
         head_decay: float = 0.8
         head_weights: Optional[list[float]] = None
-        # Initialise every head's vocabulary projection from the target's lm_head.
+        # Labels from the target's own greedy continuation of every prefix instead of the data tokens
+        # after it: head i's label is the target at x_{<=j}, g_1 .. g_{o-1+i} (g_1 = its argmax at j,
+        # g_{m+1} its argmax after g_1..g_m), computed by one tree-masked target forward per head.
+        # At greedy inference head i is asked for exactly that token; with sampled data the tokens
+        # after x_j are often not the target's own, and the plain label then conditions on them.
+        greedy_chain_labels: bool = False
+        # (greedy_chain_labels makes greedy_path_only moot: its labels are on the greedy path everywhere.)
+        # Train head i at position j only where the data tokens between j and its label follow the
+        # target's greedy path (x_{j+1+m} = argmax p_{j+m}): at greedy inference the head is only ever
+        # asked about such continuations, and elsewhere its label depends on a sampled token it cannot see.
+        greedy_path_only: bool = True
+        # Residual-block start: "zero" (weight and bias zero: an untrained head is its vocabulary
+        # projection; the Medusa repo) or "normal" (weight ~ Normal(0, block_init_std), bias zero).
+        block_init: Literal["zero", "normal"] = "zero"
+        block_init_std: float = 0.02
+        # Initialise every head's vocabulary projection from the target's lm_head (else torch's default).
         init_lm_head_from_target: bool = True
+        # Keep the vocabulary projections frozen at the target's lm_head: only the residual blocks train.
+        freeze_lm_head: bool = False
         # Medusa-2: train a LoRA adapter on the target jointly with the heads (needs peft).
         lora: bool = False
         lora_r: int = 8
@@ -109,10 +143,28 @@ class MedusaDrafter(Drafter):
         if cfg.head_weights is not None and len(cfg.head_weights) != cfg.num_heads:
             raise ValueError(f"drafter.head_weights has {len(cfg.head_weights)} entries; give one per head "
                              f"(drafter.num_heads = {cfg.num_heads})")
+        if cfg.next_token_head and cfg.num_heads < 2:
+            raise ValueError("drafter.next_token_head=true needs drafter.num_heads >= 2 (head 0 proposes nothing)")
+        if not 0.0 <= cfg.hard_label_weight <= 1.0:
+            raise ValueError(f"drafter.hard_label_weight must lie in [0, 1], got {cfg.hard_label_weight}")
+        if cfg.greedy_chain_labels and (cfg.loss == "ce_data" or cfg.lora):
+            raise ValueError("drafter.greedy_chain_labels=true takes its labels from the target's greedy continuation: "
+                             "it cannot be combined with loss=ce_data or lora")
+        if cfg.block_init_std <= 0:
+            raise ValueError(f"drafter.block_init_std must be > 0, got {cfg.block_init_std}")
+        if cfg.freeze_lm_head and not cfg.init_lm_head_from_target:
+            raise ValueError("drafter.freeze_lm_head needs drafter.init_lm_head_from_target=true "
+                             "(a frozen random projection learns nothing)")
         self.cfg = cfg
         self.blocks = nn.ModuleList([ResidualBlock(hidden_size, cfg.num_layers) for _ in range(cfg.num_heads)])
+        if cfg.block_init == "normal":
+            with torch.no_grad():
+                for block in self.blocks:
+                    for layer in block.layers:
+                        layer.weight.normal_(0.0, cfg.block_init_std)
         self.lm_heads = nn.ModuleList([nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(cfg.num_heads)])
         self.adapted: list = []  # Medusa-2: [peft model] (a list hides the target view from state_dict)
+        self.teacher: list = []  # greedy_chain_labels: [the frozen target] (hidden from state_dict likewise)
         if cfg.lora:
             self.required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "target_logits"})
 
@@ -124,7 +176,11 @@ class MedusaDrafter(Drafter):
             with torch.no_grad():
                 for head in drafter.lm_heads:
                     head.weight.copy_(target.lm_head.weight.float())
+        for head in drafter.lm_heads:
+            head.weight.requires_grad_(not cfg.freeze_lm_head)
         drafter = drafter.to(device=target.device)
+        if cfg.greedy_chain_labels:
+            drafter.teacher = [target]
         if cfg.lora:
             drafter.attach_lora(target)
         return drafter
@@ -154,8 +210,18 @@ class MedusaDrafter(Drafter):
     def head_weights(self) -> list[float]:
         return list(self.cfg.head_weights or [self.cfg.head_decay**i for i in range(self.cfg.num_heads)])
 
+    @property
+    def offset(self) -> int:
+        """Head i at position j predicts x_{j + offset + i}: 2 (Medusa, vLLM) or 1 (next_token_head)."""
+        return 1 if self.cfg.next_token_head else 2
+
+    @property
+    def proposing_heads(self) -> int:
+        """Heads the proposer uses (a next-token head 0 only repeats the committed token)."""
+        return self.cfg.num_heads - (1 if self.cfg.next_token_head else 0)
+
     def head_logits(self, hidden: torch.Tensor) -> list[torch.Tensor]:
-        """[b, n, h] states -> num_heads x [b, n, V]; entry i predicts the token i+2 positions on."""
+        """[b, n, h] states -> num_heads x [b, n, V]; entry i predicts the token offset+i positions on."""
         hidden = hidden.to(self.lm_heads[0].weight.dtype)
         return [head(block(hidden)) for block, head in zip(self.blocks, self.lm_heads)]
 
@@ -175,45 +241,95 @@ class MedusaDrafter(Drafter):
         kl = (logp.exp() * (logp - logq)).sum(-1)  # [b, s-1]
         return out.hidden_states[-1], (kl * m).sum()
 
+    @torch.no_grad()
+    def greedy_chain_logits(self, batch, depth: int) -> list[torch.Tensor]:
+        """Target logits along every prefix's own greedy continuation (a tree of s branches, one
+        target forward per level): entry d [b, s, V] at base position j is the target's distribution
+        after x_{<=j}, g_1..g_d, where g_1 = argmax of entry 0 (the batch's target_logits) at j and
+        g_{d+1} = argmax of entry d. Level d's token at base j sits at position j + d and attends to
+        x_{<=j} and the branch tokens g_1..g_d of the same j only."""
+        if not self.teacher:
+            raise RuntimeError("greedy_chain_logits needs the target: build the drafter with from_target")
+        target = self.teacher[0]
+        ids, attention = batch["input_ids"], batch["attention_mask"]
+        b, s = ids.shape
+        dev = ids.device
+        out = [batch["target_logits"]]
+        branch: list[torch.Tensor] = []
+        base = torch.arange(s, device=dev)
+        for d in range(1, depth + 1):
+            branch.append(out[-1].argmax(-1))  # g_d: [b, s]
+            inputs = torch.cat([ids, *branch], 1)  # [b, (d+1) s]
+            level = torch.arange(d + 1, device=dev).repeat_interleave(s)  # [(d+1) s]
+            j = base.repeat(d + 1)  # [(d+1) s]: each token's base position
+            allowed = ((level[None, :] == 0) & (j[None, :] <= j[:, None])) | (
+                (level[None, :] >= 1) & (level[None, :] <= level[:, None]) & (j[None, :] == j[:, None]))
+            keys = torch.cat([attention.bool(), attention.new_ones(b, d * s).bool()], 1)  # [b, (d+1) s]
+            allowed = allowed[None] & keys[:, None, :]  # [b, (d+1) s, (d+1) s]
+            dtype = target.model.dtype
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill(~allowed, torch.finfo(dtype).min)
+            logits = target.forward(inputs, attention_mask=mask[:, None], position_ids=(j + level)[None].expand(b, -1)).logits
+            out.append(logits[:, d * s :])  # [b, (d+1) s, V] -> [b, s, V]: the newest level
+        return out
+
     def forward_loss(self, batch) -> StepOutput:
         """Medusa training (Cai et al. 2024, sec. 2.2), numbered:
 
         1. the state every head reads: h_j (the target's, or the adapted target's for Medusa-2);
-        2. head i at position j predicts x_{j+2+i}; its label is the target's greedy token
-           argmax p_{j+1+i} ("ce"), the distribution p_{j+1+i} ("kl"), or the data token ("ce_data");
-        3. loss_i summed over positions whose predicted token is in the loss mask, weighted by
-           head_weights[i]; plus lora_kl_weight * KL(frozen || adapted) for Medusa-2. The sum is
-           normalised by the caller over num_tokens (head 0's count, as EAGLE-3's step 0).
+        2. head i at position j predicts x_{j+o+i} (o = self.offset: 2, or 1 with next_token_head);
+           its label is the target's greedy token argmax p_{j+o-1+i} ("ce"), the distribution
+           p_{j+o-1+i} ("kl"), their mix ("mix"), or the data token x_{j+o+i} ("ce_data");
+           with greedy_chain_labels p is the target's distribution after x_{<=j} and its own greedy
+           tokens g_1..g_{o-1+i} instead (greedy_chain_logits), at every j whose x_{j+1} is a loss token;
+        3. positions count where the predicted token is in the loss mask (and, with greedy_path_only,
+           where x_{j+1}..x_{j+o-1+i} are the target's greedy tokens);
+        4. loss_i summed over those positions, weighted by head_weights[i]; plus lora_kl_weight *
+           KL(frozen || adapted) for Medusa-2. The sum is normalised by the caller over num_tokens
+           (the loss-mask count of head 0's positions, as EAGLE-3's step 0).
         """
+        c = self.cfg
         ids = batch["input_ids"]
         b, s = ids.shape
+        o = self.offset
         mask = (batch["loss_mask"] * batch["attention_mask"]).float()
         hidden, kl_lm = self._features(batch)  # 1.
         target_logits = batch["target_logits"].float()
-        total = self.cfg.lora_kl_weight * kl_lm if self.adapted else kl_lm.new_zeros(())
+        greedy = target_logits.argmax(-1)  # [b, s, V] -> [b, s]
+        on_path = (ids[:, 1:] == greedy[:, :-1]).float()  # [b, s-1]: x_{j+1} is the target's greedy token
+        chain = self.greedy_chain_logits(batch, o - 2 + c.num_heads) if c.greedy_chain_labels else None
+        total = c.lora_kl_weight * kl_lm if self.adapted else kl_lm.new_zeros(())
         metrics: dict[str, float] = {"loss_lora_kl": float(kl_lm.detach())} if self.adapted else {}
         weights: dict[str, float] = {}
         for i, (logits, w) in enumerate(zip(self.head_logits(hidden), self.head_weights())):  # 2.
-            n = s - 2 - i
+            n = s - 1 if chain is not None else s - o - i
             if n <= 0:
                 break
             logq = torch.log_softmax(logits[:, :n].float(), -1)  # [b, n, V]
-            p_logits = target_logits[:, 1 + i : 1 + i + n]
-            m = mask[:, 2 + i : 2 + i + n] * packing.valid_labels(batch, 2 + i, n)  # packed: label in j's document
-            labels = ids[:, 2 + i : 2 + i + n] if self.cfg.loss == "ce_data" else p_logits.argmax(-1)
-            if self.cfg.loss == "kl":
-                logp = torch.log_softmax(p_logits, -1)
-                per = (logp.exp() * (logp - logq)).sum(-1)  # [b, n]
+            if chain is not None:  # the label at j is the chain's, for every j whose next token is a loss token
+                p_logits, m = chain[o - 1 + i][:, :n].float(), mask[:, 1:] * packing.valid_labels(batch, 1, n)
             else:
-                per = -logq.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # [b, n]
-            total = total + w * (per * m).sum()  # 3.
+                p_logits = target_logits[:, o - 1 + i : o - 1 + i + n]  # [b, n, V]
+                m = mask[:, o + i : o + i + n] * packing.valid_labels(batch, o + i, n)  # 3. packed: label in j's document
+            if c.greedy_path_only and chain is None:
+                for step in range(o - 1 + i):  # x_{j+1+step} must be greedy for step < o-1+i
+                    m = m * on_path[:, step : step + n]
+            labels = ids[:, o + i : o + i + n] if c.loss == "ce_data" else p_logits.argmax(-1)
+            ce = -logq.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # [b, n]
+            if c.loss in ("kl", "mix"):
+                logp = torch.log_softmax(p_logits, -1)
+                kl = (logp.exp() * (logp - logq)).sum(-1)  # [b, n]
+                per = kl if c.loss == "kl" else (1 - c.hard_label_weight) * kl + c.hard_label_weight * ce
+            else:
+                per = ce
+            total = total + w * (per * m).sum()  # 4.
             with torch.no_grad():
                 denom = m.sum().clamp_min(1.0)
                 metrics[f"acc_{i}"] = float(((logq.argmax(-1) == labels).float() * m).sum() / denom)
                 metrics[f"loss_{i}"] = float((per * m).sum() / denom)
                 weights[f"acc_{i}"] = weights[f"loss_{i}"] = float(m.sum())  # pooled by tokens
+        start = 1 if chain is not None else o
         return StepOutput(loss=total, metrics=metrics, weights=weights,
-                          num_tokens=int((mask[:, 2:] * packing.valid_labels(batch, 2, s - 2)).sum()))
+                          num_tokens=int((mask[:, start:] * packing.valid_labels(batch, start, s - start)).sum()))
 
     # ------------------------------------------------------------------ export and inference
     def state_dict_for_export(self) -> dict[str, torch.Tensor]:
@@ -247,14 +363,16 @@ class MedusaProposer:
 
     @torch.no_grad()
     def propose(self, context: torch.Tensor, k: int, sampling, generator=None) -> Draft:
-        n = self.drafter.cfg.num_heads
+        n = self.drafter.proposing_heads
         if k > n:
-            raise ValueError(f"Medusa proposes at most one token per head: k={k} > num_heads={n}; "
+            raise ValueError(f"Medusa proposes at most one token per head: k={k} > num_heads={n}"
+                             f"{' (head 0 predicts the next token)' if self.drafter.cfg.next_token_head else ''}; "
                              f"lower k (eval --k) to <= {n} or train more heads (drafter.num_heads)")
         if self.last_hidden is None:
             raise RuntimeError("MedusaProposer.propose before commit(): the loop must commit the prefill first")
         tokens, probs = [], []
-        for block, head in list(zip(self.drafter.blocks, self.drafter.lm_heads))[:k]:
+        skip = self.drafter.cfg.num_heads - n  # a next-token head 0 would repeat the committed token
+        for block, head in list(zip(self.drafter.blocks, self.drafter.lm_heads))[skip : skip + k]:
             x = self.last_hidden.to(head.weight.dtype)
             q = logits_to_probs(head(block(x))[0, -1], sampling)  # [1, 1, h] -> [V]
             tokens.append(q.argmax() if sampling.greedy else sample(q, generator))

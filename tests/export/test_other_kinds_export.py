@@ -76,6 +76,15 @@ def test_medusa_config_tensors_and_round_trip(exported, ckpts):
     assert side["num_speculative_tokens"] == 3 and '"method": "medusa"' in exported["medusa"].serve_command
 
 
+def test_medusa_next_token_head_is_refused(tmp_path):
+    """vLLM's Medusa head i proposes the token i+2 after the sampled position's state; a drafter whose
+    head 0 predicts the target's own next token (drafter.next_token_head) would be served shifted."""
+    path = make_checkpoint(tmp_path, "medusa", {"num_heads": 3, "num_layers": 1, "next_token_head": True})
+    with pytest.raises(ValueError, match="next_token_head"):
+        export(path, "vllm", tmp_path / "out")
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
 def test_medusa2_exports_heads_and_peft_adapter(exported, ckpts):
     from peft import PeftModel
 
