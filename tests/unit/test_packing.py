@@ -13,7 +13,7 @@ from draftsmith.testing import tiny_target
 KINDS = {
     "eagle3": {"ttt_steps": 3, "draft_vocab_size": 200},
     "eagle1": {"noise_range": 0.0},
-    "medusa": {"num_heads": 3, "loss": "kl"},
+    "medusa": {"num_heads": 3, "loss": "kl", "greedy_path_only": False},  # random tokens: no greedy path
     "mlp_speculator": {"n_predict": 3},
     "draft_lm": {},
 }
