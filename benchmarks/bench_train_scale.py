@@ -67,12 +67,15 @@ def build_drafter(shape: dict, ttt_steps: int, device, seed: int = 0) -> tuple[E
     layer_cfg = draft_layer.draft_layer_config(tc)
     embed = torch.nn.Embedding(shape["vocab"], shape["hidden"], device=device, dtype=torch.bfloat16)
     embed.weight.requires_grad_(False)
-    cfg = Eagle3Drafter.Config(ttt_steps=ttt_steps, draft_vocab_size=shape["draft_vocab"])
+    # soft labels only: vocab_loss.chunked_kl implements the KL; EAGLE-3's default label mix adds one [b, n] gather
+    cfg = Eagle3Drafter.Config(ttt_steps=ttt_steps, draft_vocab_size=shape["draft_vocab"], hard_label_weight=0.0)
     aux = [2, shape["layers"] // 2, shape["layers"] - 3]
     with torch.device(device):
         drafter = Eagle3Drafter(cfg, layer_cfg, aux, shape["draft_vocab"], shape["vocab"], embed)
         draft_ids = torch.randperm(shape["vocab"])[: shape["draft_vocab"]].sort().values
         drafter.d2t.copy_(draft_ids - torch.arange(shape["draft_vocab"]))
+        drafter.t2d.zero_()
+        drafter.t2d[draft_ids] = True
         lm_head = torch.randn(shape["vocab"], shape["hidden"], dtype=torch.bfloat16) * shape["hidden"] ** -0.5
     return drafter, lm_head
 

@@ -223,8 +223,10 @@ class Eagle3Drafter(Drafter):
         label_logits = target_logits[..., draft_ids].float()  # 1. [b, s, V] -> [b, s, dv]
         logp = torch.log_softmax(label_logits, dim=-1)
         target_top = target_logits.argmax(-1)  # [b, s] target ids
-        in_vocab = self.t2d[target_top]  # [b, s]
-        hard = self.t2d.long().cumsum(0).sub(1)[target_top].clamp_min(0)  # [b, s] draft id of the argmax
+        draft_index = torch.full_like(self.t2d, -1, dtype=torch.long)  # [V] target id -> draft id, -1 outside
+        draft_index[draft_ids] = torch.arange(len(draft_ids), device=draft_ids.device)
+        in_vocab = draft_index[target_top] >= 0  # [b, s]
+        hard = draft_index[target_top].clamp_min(0)  # [b, s] draft id of the argmax
         if cfg.mask_out_of_vocab:
             mask[:, 1:] = mask[:, 1:] * in_vocab.float()  # mask[i + 1] is the label at position i
         total = label_logits.new_zeros(())
