@@ -98,7 +98,9 @@ def fingerprint(model, weights: _Weights, config) -> str:
     """Target.fingerprint's value, computed from the files (the model may be on the meta device)."""
     tied = bool(getattr(config, "tie_word_embeddings", False))
     h = hashlib.sha256()
-    h.update(json.dumps(config.to_dict(), sort_keys=True, default=str).encode())
+    fields = config.to_dict()
+    fields.pop("_name_or_path", None)  # as Target.fingerprint: a copy of the model elsewhere matches
+    h.update(json.dumps(fields, sort_keys=True, default=str).encode())
     for name, p in model.state_dict().items():
         h.update(f"{name}:{tuple(p.shape)}".encode())
         values = _first_values(weights, _source_name(name, weights, tied))
