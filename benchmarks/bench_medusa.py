@@ -35,27 +35,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench_peers import DEFAULTS, STORIES, greedy_continuations, loop_tau, sample_stories, summarize  # noqa: E402
+from bench_peers import DEFAULTS, STORIES, greedy_continuations, loop_tau, protocol_data, summarize  # noqa: E402
 
 from draftsmith import config as config_mod  # noqa: E402
 from draftsmith import target as target_mod  # noqa: E402
 
 RECIPE = REPO / "recipes" / "debug" / "medusa-stories260k.yaml"
 HEADS, LAYERS = 3, 1  # the protocol's drafter size (issue 10)
-
-
-def protocol_data(target, work: Path, n_stories: int, data_seed: int, story_tokens: int) -> Path:
-    """The protocol's self-sampled stories as a JSONL of text rows, written once per (n, seed)."""
-    name = f"stories-{n_stories}-{data_seed}" + ("" if story_tokens == DEFAULTS["story_tokens"] else f"-{story_tokens}t")
-    data_file = work / f"{name}.jsonl"  # bench_peers' file name for the protocol's data: one cache for both
-    if not data_file.exists():
-        t0 = time.perf_counter()
-        stories = sample_stories(target, n_stories, story_tokens, DEFAULTS["temperature"], data_seed)
-        tmp = data_file.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps({"text": s}) + "\n" for s in stories))
-        tmp.replace(data_file)
-        print(f"sampled {n_stories} stories in {time.perf_counter() - t0:.0f} s -> {data_file}", flush=True)
-    return data_file
 
 
 def medusa_trainer(target, data_file: Path, out_dir: Path, steps: int, seed: int, overrides: list[str]):

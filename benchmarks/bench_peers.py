@@ -97,6 +97,21 @@ def sample_stories(target, n: int, new_tokens: int, temperature: float, seed: in
     return stories
 
 
+def protocol_data(target, work: Path, n_stories: int, data_seed: int, story_tokens: int = DEFAULTS["story_tokens"]) -> Path:
+    """The protocol's self-sampled stories as a JSONL of text rows, written once per (n, seed, length)
+    into `work` (atomically), and reused by every run and benchmark that shares the work dir."""
+    name = f"stories-{n_stories}-{data_seed}" + ("" if story_tokens == DEFAULTS["story_tokens"] else f"-{story_tokens}t")
+    data_file = work / f"{name}.jsonl"
+    if not data_file.exists():
+        t0 = time.perf_counter()
+        stories = sample_stories(target, n_stories, story_tokens, DEFAULTS["temperature"], data_seed)
+        tmp = data_file.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps({"text": s}) + "\n" for s in stories))
+        tmp.replace(data_file)
+        print(f"sampled {n_stories} stories in {time.perf_counter() - t0:.0f} s -> {data_file}", flush=True)
+    return data_file
+
+
 @torch.no_grad()
 def greedy_continuations(target, n_prompts: int, new_tokens: int) -> list[tuple[torch.Tensor, list[int]]]:
     """(prompt ids, target-greedy continuation) through the loop's own k = 0 path, EOS ignored."""
@@ -285,14 +300,7 @@ def main(argv=None) -> int:
     target = target_mod.load(str(STORIES), dtype="float32", device="cpu")
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-peers-"))
     work.mkdir(parents=True, exist_ok=True)
-    data_file = work / f"stories-{n_stories}-{args.data_seed}.jsonl"
-    if not data_file.exists():
-        t0 = time.perf_counter()
-        stories = sample_stories(target, n_stories, DEFAULTS["story_tokens"], DEFAULTS["temperature"], args.data_seed)
-        tmp = data_file.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps({"text": s}) + "\n" for s in stories))
-        tmp.replace(data_file)
-        print(f"sampled {n_stories} stories in {time.perf_counter() - t0:.0f} s -> {data_file}", flush=True)
+    data_file = protocol_data(target, work, n_stories, args.data_seed)
     evalset = greedy_continuations(target, prompts, eval_tokens)
     k = DEFAULTS["k"]
     rows = []
