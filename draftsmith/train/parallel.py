@@ -355,7 +355,25 @@ def describe(ctx: ParallelContext) -> str:
 
 def teardown(ctx: ParallelContext) -> None:
     if ctx.distributed:
-        import torch.distributed as dist
+        destroy_process_group()
 
-        if dist.is_initialized():
-            dist.destroy_process_group()
+
+def destroy_process_group() -> None:
+    """Destroy the default process group so that the process can exit cleanly.
+
+    A gloo worker thread drops its last reference to a finished collective (and so to the
+    Python-owned tensors in it) only after the caller's wait() has returned, and it needs the GIL
+    for that. If the interpreter starts finalizing first (a rank that exits right after its last
+    collective), that thread is killed inside a C++ destructor and the rank aborts with
+    "terminate called without an active exception" although all its work is done. FSDP2's
+    DTensor caches keep the group (and its threads) alive past destroy_process_group, so the
+    group's own shutdown does not help. Releasing the GIL for a moment lets those threads finish.
+    """
+    import time
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        time.sleep(0.05)
+        dist.destroy_process_group()
+        time.sleep(0.05)

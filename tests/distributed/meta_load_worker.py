@@ -23,6 +23,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from draftsmith import target as target_mod  # noqa: E402
 from draftsmith.train import sharded_load  # noqa: E402
+from draftsmith.train.parallel import destroy_process_group  # noqa: E402
 
 
 def main() -> None:
@@ -49,7 +50,7 @@ def main() -> None:
     dist.all_gather_object(peaks, peak)
     if dist.get_rank() == 0:
         out.write_text(json.dumps({"peaks": peaks, "fingerprint": target.fingerprint, "logits": logits}))
-    dist.destroy_process_group()
+    destroy_process_group()
 
 
 if __name__ == "__main__":
