@@ -40,6 +40,7 @@ def interleaved_timing(kinds: list[str], args) -> dict:
     """-> {kind: {"draft_ms": median per round, "speedup": median over (prompt, repeat) of target-only
     latency / speculative latency, "tau": mean}} from runs interleaved prompt by prompt."""
     import torch
+    import yaml
 
     from draftsmith import checkpoint
     from draftsmith.eval import workloads
@@ -48,7 +49,13 @@ def interleaved_timing(kinds: list[str], args) -> dict:
     loaded = {k: checkpoint.load_drafter(args.out / "runs" / k / "final", device="cpu") for k in kinds}
     target = next(iter(loaded.values())).target
     proposers = {k: ld.drafter.eval().make_proposer(ld.target) for k, ld in loaded.items()}
-    prompts = [workloads.encode(item, target.tokenizer)[0] for w in args.workloads.split(",")
+    # prompted as `draftsmith eval` prompts each checkpoint: in the format its drafter was trained with
+    formats = {workloads.training_prompt_format(yaml.safe_load((args.out / "runs" / k / "final" / "config.yaml").read_text()),
+                                                target.tokenizer) for k in kinds}
+    if len(formats) != 1:
+        raise SystemExit(f"the kinds were trained on different prompt formats {sorted(formats)}; time them separately")
+    prompt_format = formats.pop()
+    prompts = [workloads.encode(item, target.tokenizer, prompt_format)[0] for w in args.workloads.split(",")
                for item in workloads.load(w, num_prompts=args.num_prompts)]
     cfg, base_cfg = LoopConfig(k=args.k, max_new_tokens=args.max_new_tokens), LoopConfig(k=0, max_new_tokens=args.max_new_tokens)
     draft, speed, taus = ({k: [] for k in kinds} for _ in range(3))

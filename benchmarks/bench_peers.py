@@ -23,6 +23,8 @@ Protocol (issue 10; ../shared/peers-on-cpu.md):
     python benchmarks/bench_peers.py --smoke          # 2 steps, 1 seed, 2 prompts (CI runs this)
     python benchmarks/bench_peers.py --steps 300 --seeds 0 1 2 --peers draftsmith \\
         --set step_decay=0.8 --set train.min_lr_ratio=0.1     # one ablation row
+    python benchmarks/bench_peers.py --peers draftsmith --features-cache int8 --workdir /tmp/bp
+        # draftsmith trains from an offline feature cache of that dtype (built once in --workdir)
 
 Model Optimizer (nvidia-modelopt) needs transformers < 5.15, which conflicts with the transformers
 draftsmith runs on; it is not run here (see docs/benchmarks.md).
@@ -196,11 +198,9 @@ def loop_tau(drafter, target, evalset, k: int) -> tuple[float, bool]:
 
 
 # --------------------------------------------------------------------------- trainers
-def draftsmith_trainer(data_file: Path, out_dir: Path, steps: int, seed: int, overrides: list[str]):
+def protocol_config(data_file: Path, out_dir: Path, steps: int, seed: int, overrides: list[str]):
     """The EAGLE-3 debug recipe as a user runs it (its lr, schedule and the kind's defaults), on the
     protocol's data, budget, aux layers and TTT steps; `overrides` are the ablation's changes."""
-    from draftsmith.train.loop import Trainer
-
     protocol = [f"data.path=[{data_file}]", "data.max_length=192", "data.text_chunk_tokens=256", "data.eval_samples=0",
                 "regenerate.output=null", f"target.path={STORIES}", "target.device=cpu",
                 f"drafter.aux_layer_ids=[{','.join(map(str, AUX))}]", "drafter.ttt_steps=3",
@@ -208,7 +208,26 @@ def draftsmith_trainer(data_file: Path, out_dir: Path, steps: int, seed: int, ov
                 f"train.seed={seed}", f"train.log_every={max(1, steps // 4)}", "train.eval_every=0",
                 "logging.progress_bar=false"]
     extra = [o if "." in o.split("=")[0] else f"drafter.{o}" for o in overrides]
-    return Trainer(config_mod.load(str(RECIPE), protocol + extra), overwrite=True)  # the benchmark owns its workdir
+    return config_mod.load(str(RECIPE), protocol + extra)
+
+
+def draftsmith_trainer(data_file: Path, out_dir: Path, steps: int, seed: int, overrides: list[str]):
+    from draftsmith.train.loop import Trainer
+
+    cfg = protocol_config(data_file, out_dir, steps, seed, overrides)
+    return Trainer(cfg, overwrite=True)  # the benchmark owns its workdir
+
+
+def cache_overrides(data_file: Path, work: Path, dtype: str) -> list[str]:
+    """Overrides that make draftsmith train from an offline feature cache of `dtype` holding the
+    protocol's rows; the cache is built on first use (`draftsmith prepare --features` does the same)."""
+    from draftsmith.cli_prepare import run_features
+
+    cache = work / f"features-{dtype}"
+    extra = ["features.mode=offline", f"features.cache_dir={cache}", f"features.dtype={dtype}"]
+    cfg = protocol_config(data_file, work / "cache-build", 1, 0, extra)
+    run_features(cfg, log=lambda line: print(f"[cache {dtype}] {line}", flush=True))  # resumable: a full cache is kept
+    return extra
 
 
 def train_draftsmith(data_file, out_dir, steps, seed, overrides):
@@ -287,6 +306,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--workdir", type=Path, default=None, help="keeps the sampled data between runs")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    ap.add_argument("--features-cache", choices=["float32", "bfloat16", "float16", "int8", "fp8"], default=None,
+                    help="draftsmith trains from an offline feature cache in this dtype (online features otherwise)")
     ap.add_argument("--smoke", action="store_true", help="2 steps, 1 seed, 8 stories, 2 prompts (CI)")
     args = ap.parse_args(argv)
     if not STORIES.is_dir():
@@ -303,13 +324,14 @@ def main(argv=None) -> int:
     data_file = protocol_data(target, work, n_stories, args.data_seed)
     evalset = greedy_continuations(target, prompts, eval_tokens)
     k = DEFAULTS["k"]
+    ds_overrides = args.overrides + (cache_overrides(data_file, work, args.features_cache) if args.features_cache else [])
     rows = []
     for steps in args.steps:
         for seed in args.seeds:
             row = {"steps": steps, "seed": seed}
             if "draftsmith" in peers:
                 t0 = time.perf_counter()
-                trainer = train_draftsmith(data_file, work / f"ds-{steps}-{seed}", steps, seed, args.overrides)
+                trainer = train_draftsmith(data_file, work / f"ds-{steps}-{seed}", steps, seed, ds_overrides)
                 row["draftsmith_train_s"] = time.perf_counter() - t0
                 row["draftsmith_tau"] = teacher_forced_tau(draftsmith_chain, trainer.drafter, target, evalset, k)
                 row["draftsmith_loop_tau"], row["draftsmith_lossless"] = loop_tau(trainer.drafter, target, evalset, k)
@@ -324,7 +346,8 @@ def main(argv=None) -> int:
             rows.append(row)
             print(json.dumps({k_: (round(v, 4) if isinstance(v, float) else v) for k_, v in row.items()}), flush=True)
     report = {"protocol": {**DEFAULTS, "prompts": prompts, "eval_new_tokens": eval_tokens, "stories": n_stories,
-                           "data_seed": args.data_seed, "aux_layers": AUX, "overrides": args.overrides},
+                           "data_seed": args.data_seed, "aux_layers": AUX, "overrides": args.overrides,
+                           "features_cache": args.features_cache},
               "runs": rows, "summary": {}}
     for steps in args.steps:
         runs = [r for r in rows if r["steps"] == steps]

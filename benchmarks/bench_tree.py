@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 
 from draftsmith.eval import proposers, workloads
 from draftsmith.eval.loop import LoopConfig, generate
@@ -38,15 +39,23 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--out", type=Path, default=Path("results/bench_tree.json"))
+    ap.add_argument("--prompt-format", default="auto", choices=list(workloads.PROMPT_FORMATS),
+                    help="auto: the format the drafter was trained with, as `draftsmith eval` does")
     args = ap.parse_args()
     from draftsmith.checkpoint import load_drafter
 
     loaded = load_drafter(args.checkpoint, device="cpu")
     target, proposer = loaded.target, proposers.from_drafter(loaded.drafter, loaded.target)
+    prompt_format = args.prompt_format
+    if prompt_format == "auto":
+        recipe = Path(args.checkpoint) / "config.yaml"
+        prompt_format = workloads.training_prompt_format(
+            yaml.safe_load(recipe.read_text()) if recipe.exists() else None, target.tokenizer)
+    print(f"prompt format: {prompt_format}", flush=True)
     prompts = []
     for name in args.workloads.split(","):
         for item in workloads.load(name, None, args.num_prompts):
-            prompts.append(workloads.encode(item, target.tokenizer, "auto", 512 - args.max_new_tokens)[0])
+            prompts.append(workloads.encode(item, target.tokenizer, prompt_format, 512 - args.max_new_tokens)[0])
     base = [generate(target, None, ids, LoopConfig(k=0, max_new_tokens=args.max_new_tokens)).tokens for ids in prompts]
 
     def run(cfg: LoopConfig) -> dict:
@@ -78,7 +87,8 @@ def main() -> None:
               f"{all(v['lossless'] for k, v in row.items() if isinstance(v, dict))}", flush=True)
     out = {"command": "python benchmarks/bench_tree.py " + " ".join(__import__("sys").argv[1:]),
            "checkpoint": args.checkpoint, "workloads": args.workloads, "num_prompts": len(prompts),
-           "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(), "rows": rows}
+           "max_new_tokens": args.max_new_tokens, "prompt_format": prompt_format, "threads": torch.get_num_threads(),
+           "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     plot(rows, args.out.with_suffix(".png"))

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import STORIES, shared_path
 
@@ -48,3 +49,27 @@ def test_smoke_mode_runs(tmp_path, monkeypatch):
     assert 1.0 <= run["draftsmith_tau"] <= 4.0
     if "speculators" in peers:
         assert 1.0 <= run["speculators_tau"] <= 4.0
+
+
+@pytest.mark.shared
+def test_float32_feature_cache_trains_the_same_drafter_as_online_features(tmp_path, monkeypatch):
+    """--features-cache: the offline path the cache-dtype rows use; at float32 it must reproduce the
+    online run exactly (same rows, order and features), so a dtype's change in tau is the dtype's."""
+    monkeypatch.setenv("DRAFTSMITH_SHARED", str(shared_path(STORIES).parents[1]))
+    module, work = bench(), tmp_path / "work"
+    from safetensors.torch import load_file
+
+    runs, weights = {}, {}
+    for name, extra in (("online", []), ("cache", ["--features-cache", "float32"])):
+        out = tmp_path / f"{name}.json"
+        assert module.main(["--smoke", "--peers", "draftsmith", "--workdir", str(work), "--out", str(out), *extra]) == 0
+        runs[name] = json.loads(out.read_text())
+        weights[name] = load_file(str(work / "ds-2-0" / "final" / "drafter.safetensors"))
+    assert weights["online"].keys() == weights["cache"].keys()
+    for key, value in weights["online"].items():  # the 2 training steps moved the weights identically
+        assert torch.equal(value, weights["cache"][key]), key
+    assert (work / "features-float32" / "manifest.json").exists()
+    assert runs["cache"]["protocol"]["features_cache"] == "float32"
+    online, cached = runs["online"]["runs"][0], runs["cache"]["runs"][0]
+    assert cached["draftsmith_tau"] == online["draftsmith_tau"]
+    assert cached["draftsmith_loop_tau"] == online["draftsmith_loop_tau"]

@@ -1,0 +1,34 @@
+"""benchmarks/bench_drafter_kinds.py --matched: every matched-size option set builds a drafter whose
+trainable parameters are within 25 % of EAGLE-3's at its recipe (the table calls them matched)."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import STORIES, shared_path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.shared
+def test_matched_options_are_within_a_quarter_of_eagle3(monkeypatch):
+    shared_path(STORIES)  # the debug recipes load stories260K from ../shared
+    monkeypatch.chdir(REPO)
+    kinds, params = load("bench_drafter_kinds"), load("kind_params")
+    reference = params.trainable_params("eagle3", [])
+    sizes = {kind: params.trainable_params(kind, options) for kind, options in kinds.MATCHED.items()}
+    sizes["dflash"] = params.trainable_params("dflash", [])  # matched at its defaults, as the module says
+    far = {kind: n for kind, n in sizes.items() if not 0.75 * reference <= n <= 1.25 * reference}
+    assert not far, f"not within 25 % of EAGLE-3's {reference:,}: {far}"
+    assert set(kinds.MATCHED) | {"eagle3", "dflash"} == set(kinds.KINDS)  # every kind has a matched row
