@@ -40,7 +40,6 @@ def interleaved_timing(kinds: list[str], args) -> dict:
     """-> {kind: {"draft_ms": median per round, "speedup": median over (prompt, repeat) of target-only
     latency / speculative latency, "tau": mean}} from runs interleaved prompt by prompt."""
     import torch
-    import yaml
 
     from draftsmith import checkpoint
     from draftsmith.eval import workloads
@@ -50,8 +49,8 @@ def interleaved_timing(kinds: list[str], args) -> dict:
     target = next(iter(loaded.values())).target
     proposers = {k: ld.drafter.eval().make_proposer(ld.target) for k, ld in loaded.items()}
     # prompted as `draftsmith eval` prompts each checkpoint: in the format its drafter was trained with
-    formats = {workloads.training_prompt_format(yaml.safe_load((args.out / "runs" / k / "final" / "config.yaml").read_text()),
-                                                target.tokenizer) for k in kinds}
+    formats = {workloads.training_prompt_format(workloads.checkpoint_recipe(args.out / "runs" / k / "final"), target.tokenizer)
+               for k in kinds}
     if len(formats) != 1:
         raise SystemExit(f"the kinds were trained on different prompt formats {sorted(formats)}; time them separately")
     prompt_format = formats.pop()

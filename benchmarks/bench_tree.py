@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
 from draftsmith.eval import proposers, workloads
 from draftsmith.eval.loop import LoopConfig, generate
@@ -48,9 +47,7 @@ def main() -> None:
     target, proposer = loaded.target, proposers.from_drafter(loaded.drafter, loaded.target)
     prompt_format = args.prompt_format
     if prompt_format == "auto":
-        recipe = Path(args.checkpoint) / "config.yaml"
-        prompt_format = workloads.training_prompt_format(
-            yaml.safe_load(recipe.read_text()) if recipe.exists() else None, target.tokenizer)
+        prompt_format = workloads.training_prompt_format(workloads.checkpoint_recipe(args.checkpoint), target.tokenizer)
     print(f"prompt format: {prompt_format}", flush=True)
     prompts = []
     for name in args.workloads.split(","):

@@ -143,7 +143,7 @@ def main(args: argparse.Namespace) -> int:
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     names = workloads.expand([w.strip() for w in args.workloads.split(",") if w.strip()])
     target, proposer, drafter_id = _load(args)
-    recipe = _recipe_dict(args.path) if args.path else None
+    recipe = workloads.checkpoint_recipe(args.path) if args.path else None
     prompt_format = args.prompt_format
     if args.path and prompt_format == "auto":  # the format the drafter was trained with
         prompt_format = workloads.training_prompt_format(recipe, target.tokenizer)
@@ -243,10 +243,3 @@ def _batch_sizes(args) -> list[int]:
     if any(b < 1 for b in sizes):
         raise UserError(f"batch sizes must be >= 1, got {sizes}")
     return sorted(set(sizes))
-
-
-def _recipe_dict(path: str) -> dict | None:
-    import yaml
-
-    recipe = Path(path) / "config.yaml"
-    return yaml.safe_load(recipe.read_text()) if recipe.exists() else None

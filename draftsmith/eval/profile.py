@@ -257,10 +257,14 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"--contexts {args.contexts}: the largest plus k_max + 1 exceeds the target's {limit} positions")
     print(f"[profile] verify cost grid: batches {batches}, widths 1..{args.k_max + 1}, contexts {contexts}", flush=True)
     table = measure_verify(target, sorted(set(batches + validate)), list(range(1, args.k_max + 2)), contexts, args.repeats)
+    # prompted as `draftsmith eval` prompts this checkpoint: in the format its drafter was trained with
+    prompt_format = workloads.training_prompt_format(workloads.checkpoint_recipe(args.path), target.tokenizer)
+    print(f"[profile] prompt format: {prompt_format} (as in training)", flush=True)
     acceptance, recs, predicted, checks = {}, {}, [], []
     for name in names:
         items = workloads.load(name, None, args.num_prompts)
-        prompts = [workloads.encode(it, target.tokenizer, "auto", (limit or 10**9) - args.max_new_tokens)[0] for it in items]
+        prompts = [workloads.encode(it, target.tokenizer, prompt_format, (limit or 10**9) - args.max_new_tokens)[0]
+                   for it in items]
         print(f"[profile] {name}: acceptance at k = {args.k_max} over {len(prompts)} prompts", flush=True)
         acc = measure_acceptance(target, proposer, prompts, args.k_max, args.max_new_tokens)
         acc.update(measure_loop_overhead(target, proposer, prompts, args.overhead_batch, args.k_max, args.max_new_tokens))
@@ -291,7 +295,7 @@ def main(args: argparse.Namespace) -> int:
         "model": "speedup(B,k,c) = E[tau](k) * (T(B,1,c) + B*o_t) / (T(B,k+1,c) + B*(k*d + commit + o_s)); see draftsmith/eval/profile.py",
         "settings": {"k_max": args.k_max, "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts,
                      "workloads": names, "batches": batches, "contexts": contexts, "repeats": args.repeats,
-                     "threads": torch.get_num_threads()},
+                     "threads": torch.get_num_threads(), "prompt_format": prompt_format},
         "acceptance": acceptance, "verify_cost": table, "predicted": predicted, "recommendation": recs,
         "recommended_num_speculative_tokens": first["k"], "speculation_pays_at_batch_1": first["k"] > 0,
         "validation": checks,

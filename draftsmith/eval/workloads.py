@@ -199,6 +199,14 @@ def load(name: str, data_dir: Path | str | None = None, num_prompts: int | None 
     return select(WORKLOADS.get(name)(data_dir), num_prompts)
 
 
+def checkpoint_recipe(path: str | Path) -> dict | None:
+    """The recipe a training checkpoint was made with (its config.yaml, parsed as data), or None."""
+    import yaml
+
+    recipe = Path(path) / "config.yaml"
+    return yaml.safe_load(recipe.read_text()) if recipe.exists() else None
+
+
 def training_prompt_format(recipe: dict | None, tokenizer) -> str:
     """The prompt format a checkpoint's drafter saw in training, which `--prompt-format auto` uses for it:
     plain text data -> raw; chat data -> the tokenizer's chat template when the recipe used it, else

@@ -75,6 +75,7 @@ def test_profile_cli_then_export_copies_it(tmp_path):
     assert rc == 0
     prof = json.loads((ckpt / profile.PROFILE_FILE).read_text())
     assert prof["schema"] == profile.SCHEMA
+    assert prof["settings"]["prompt_format"] == "plain"  # as eval: the format the drafter trained on (Alpaca chat)
     assert {(r["batch"], r["width"], r["context"]) for r in prof["verify_cost"]} == \
         {(B, w, c) for B in (1, 2) for w in (1, 2, 3) for c in (16, 32)}
     assert [c["batch"] for c in prof["validation"]] == [2] and prof["validation_error"]["mean_abs_relative"] >= 0
