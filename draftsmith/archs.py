@@ -24,9 +24,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-KINDS = ("eagle3", "eagle1", "medusa", "mlp_speculator", "draft_lm")  # the kinds the architecture matrix checks
-# Block drafters: known to `inspect` and train's checks, not yet run through the architecture matrix.
-BLOCK_KINDS = ("dflash", "dspark", "peagle")
+KINDS = ("eagle3", "eagle1", "medusa", "mlp_speculator", "draft_lm")  # drafters that propose token by token
+BLOCK_KINDS = ("dflash", "dspark", "peagle")  # drafters that propose a block of tokens in one forward
+MATRIX_KINDS = KINDS + BLOCK_KINDS  # every kind the architecture matrix (matrix.py) checks
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:

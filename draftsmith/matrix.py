@@ -34,6 +34,9 @@ KIND_OPTIONS = {
     "medusa": {"num_heads": 2},
     "mlp_speculator": {"n_predict": 2},
     "draft_lm": {"init": "shrink", "shrink_layers": 1},
+    "dflash": {"block_size": 4, "num_layers": 1, "num_anchors": 4},  # one forward drafts 3
+    "dspark": {"block_size": 3, "num_layers": 1, "num_anchors": 4, "markov_rank": 8},
+    "peagle": {"num_depths": 3},
 }
 
 
@@ -167,7 +170,7 @@ def run_cell(arch: str, kind: str, target, target_dir: Path, data: Path, workdir
     return cell
 
 
-def run_arch(arch: str, workdir: Path, kinds=archs.KINDS) -> list[Cell]:
+def run_arch(arch: str, workdir: Path, kinds=archs.MATRIX_KINDS) -> list[Cell]:
     """Every kind on the tiny `arch` target (saved once to workdir: recipes name a target path)."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)

@@ -48,7 +48,7 @@ def test_matrix_row(arch, tmp_path):
                 archs.TINY[arch][1]()).model_type
             if c.kind == "draft_lm":  # the target's own architecture: soft-caps and windows carried as they are
                 assert not archs.carried_field_problems(config, archs.TINY[arch][1]())
-            elif c.kind == "eagle3":  # the draft layer's rope: the target's schedule, never a fallback
+            elif c.kind in ("eagle3", *archs.BLOCK_KINDS):  # the draft layer's rope: the target's schedule, never a fallback
                 llama = config.get("transformer_layer_config", config)
                 rope = llama.get("rope_parameters") or llama.get("rope_scaling") or {}  # TRT-LLM: rope_scaling only
                 assert rope.get("rope_type", "default") == archs.draft_rope(archs.TINY[arch][1]()).get("rope_type"), (fmt, rope)
