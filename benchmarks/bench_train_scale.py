@@ -7,11 +7,14 @@ Shapes (--shape 8b): Llama-3.1-8B: hidden 4096, 32 heads / 8 kv heads, intermedi
 vocab 128,256, draft vocab 32,000, 7 TTT steps. --shape small divides the widths by 8; --shape tiny is for tests.
 
 Paths:
-  today  Eagle3Drafter.forward_loss with the eager TTT kernel; target logits [b, s, V] built from
-         the hidden state with the full lm_head first (features.complete's offline replay)
-  new    the chunked TTT kernel + vocab_loss (soft labels from the lm_head's draft rows, chunked
-         recomputed KL); the same step as forward_loss otherwise (bench-local wiring of the loss
-         until eagle3.forward_loss calls vocab_loss)
+  today  the loss as it was before drafter.loss_chunk (forward_loss with loss_chunk=null: same algorithm, the
+         eager TTT kernel, no checkpointing); target logits [b, s, V] built from the hidden state with
+         the full lm_head first (features.complete's offline replay)
+  new    what a recipe gets today with train.ttt_attention auto/chunked, train.gradient_checkpointing
+         and drafter.loss_chunk (default 1024): Eagle3Drafter.forward_loss itself, same target logits
+  lean   `new` with labels straight from the final hidden state and the lm_head's draft rows
+         (vocab_loss.soft_labels_from_hidden), so no [b, s, V] logits exist at all: bench-local, not
+         a recipe option yet
   peer   speculators' Eagle3DraftModel (0.9.0), attention "eager" (its CPU-trainable path; its
          flex path has no CPU backward), same shapes, 7 TTT steps, labels from verifier_last_hidden_states
 
@@ -93,31 +96,38 @@ def synthetic_batch(shape: dict, seq: int, device, seed: int = 1) -> dict:
 
 def step_today(drafter, lm_head, batch) -> torch.Tensor:
     draft_layer.configure(drafter, "eager")
+    drafter.cfg.loss_chunk = None  # every step's [b, n, dv] fp32 logits kept for backward
     logits = batch["last_hidden_state"] @ lm_head.T  # [b, s, h] -> [b, s, V] (features.logits_from_hidden)
     out = drafter.forward_loss({**batch, "target_logits": logits})
     out.loss.backward()
     return out.loss
 
 
-def step_new(drafter, lm_head, batch, chunk: int = 1024, gradient_checkpointing: bool = True) -> torch.Tensor:
-    """forward_loss's TTT unroll with the chunked kernel, draft-vocabulary labels and the chunked KL."""
-    draft_layer.configure(drafter, "auto", gradient_checkpointing)
+def step_new(drafter, lm_head, batch, chunk: int = 1024) -> torch.Tensor:
+    """The recipe path: forward_loss with the chunked TTT kernel, draft-layer checkpointing and loss_chunk."""
+    draft_layer.configure(drafter, "auto", gradient_checkpointing=True)
+    drafter.cfg.loss_chunk = chunk
+    logits = batch["last_hidden_state"] @ lm_head.T  # [b, s, h] -> [b, s, V], as the target hands them over
+    out = drafter.forward_loss({**batch, "target_logits": logits})
+    out.loss.backward()
+    return out.loss
+
+
+def step_lean(drafter, lm_head, batch, chunk: int = 1024) -> torch.Tensor:
+    """`new` with labels from the final hidden state: forward_loss's unroll and chunked loss, no [b, s, V] logits."""
+    draft_layer.configure(drafter, "auto", gradient_checkpointing=True)
     d, ids = drafter, batch["input_ids"]
     b, s = ids.shape
     mask = (batch["loss_mask"] * batch["attention_mask"]).float()
     mask = torch.cat([mask, mask.new_zeros(b, 1)], dim=1)  # [b, s] -> [b, s+1]
-    hidden = d.fc(batch["aux_hidden_states"].to(d.fc.weight.dtype))  # [b, s, 3h] -> [b, s, h]
     draft_ids = d.draft_ids()
     p, top = vocab_loss.soft_labels_from_hidden(batch["last_hidden_state"], lm_head, draft_ids, chunk)  # [b, s, dv]
-    total = hidden.new_zeros(())
-    step_kv: list = []
-    for t in range(d.cfg.ttt_steps):
-        n = s - 1 - t
-        positions = torch.arange(n, device=ids.device).expand(b, n) + t
-        hidden = d.step(ids[:, 1 + t : 1 + t + n], hidden[:, :n], positions, step_kv=step_kv)
-        kl, _ = vocab_loss.chunked_kl(hidden, d.logits, p[:, 1 + t : 1 + t + n], mask[:, 2 + t : 2 + t + n],
-                                      draft_ids, top[:, 1 + t : 1 + t + n], chunk)
-        total = total + d.cfg.step_decay**t * kl
+    total = p.new_zeros(())
+    for t, state in d.unroll(batch, states=True):
+        n = state.shape[1]
+        loss, _ = vocab_loss.chunked_kl(state, d.logits, p[:, 1 + t : 1 + t + n], mask[:, 2 + t : 2 + t + n],
+                                        draft_ids, top[:, 1 + t : 1 + t + n], chunk)
+        total = total + d.cfg.step_decay**t * loss
     total.backward()
     return total
 
@@ -186,6 +196,8 @@ def measure(path: str, shape: dict, seq: int, ttt_steps: int, device: str, fake:
                 step_today(model, lm_head, batch)
             elif path == "new":
                 step_new(model, lm_head, batch, chunk)
+            elif path == "lean":
+                step_lean(model, lm_head, batch, chunk)
             else:
                 step_peer(model, batch, ttt_steps)
         seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
@@ -202,7 +214,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="8b")
     ap.add_argument("--seq", type=int, nargs="+", default=[512, 1024, 2048, 4096])
-    ap.add_argument("--paths", nargs="+", choices=["today", "new", "peer"], default=["today", "new", "peer"])
+    ap.add_argument("--paths", nargs="+", choices=["today", "new", "lean", "peer"],
+                    default=["today", "new", "lean", "peer"])
     ap.add_argument("--memory", choices=["fake", "real"], default="fake")
     ap.add_argument("--ttt-steps", type=int, default=7)
     ap.add_argument("--chunk", type=int, default=1024, help="sequence chunk of the new loss")

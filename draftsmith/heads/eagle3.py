@@ -31,6 +31,7 @@ from draftsmith import packing
 from draftsmith.archs import default_aux_layer_ids
 from draftsmith.heads import DRAFTERS
 from draftsmith.heads.base import Draft, Drafter, FedNodes, StepOutput, range_problems
+from draftsmith.heads import vocab_loss
 from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, rotary
 from draftsmith.sampling import logits_to_probs, sample
 
@@ -82,13 +83,17 @@ class Eagle3Drafter(Drafter):
         # Uniform noise U(-a, a) added to the aux hidden states during training (EAGLE-1's feature
         # noise); 0 disables it.
         feature_noise: float = 0.0
+        # Positions per chunk of the training loss: each chunk's [chunk, dv] fp32 draft logits are
+        # recomputed in backward instead of kept for every TTT step (heads/vocab_loss.py; the same loss,
+        # tests/unit/test_vocab_loss.py). null computes each step's logits whole and keeps them.
+        loss_chunk: Optional[int] = 1024
 
         def problems(self) -> list[str]:
             """Ranges `config.load` and `draftsmith validate` report (one message per bad option)."""
             out = range_problems(self, {"ttt_steps": ">= 1", "step_decay": "> 0 and <= 1", "draft_vocab_size": ">= 2",
                                         "num_heads": ">= 1", "num_kv_heads": ">= 1", "intermediate_size": ">= 1",
                                         "aux_layer_ids": ">= 0", "hard_label_weight": ">= 0 and <= 1",
-                                        "init_std": "> 0", "feature_noise": ">= 0"})
+                                        "init_std": "> 0", "feature_noise": ">= 0", "loss_chunk": ">= 1"})
             if self.aux_layer_ids is not None and not self.aux_layer_ids:
                 out.append("drafter.aux_layer_ids: give at least one target layer id (or null for low/mid/high)")
             if self.freeze_lm_head and self.lm_head_init != "target":
@@ -180,8 +185,9 @@ class Eagle3Drafter(Drafter):
         return self.lm_head(state if self.cfg.norm_output else self.norm(state))
 
     # ------------------------------------------------------------------ training
-    def unroll(self, batch, steps: Optional[int] = None) -> Iterator[tuple[int, torch.Tensor]]:
-        """The training-time-test unroll: yields (t, logits [b, s-1-t, dv]) for t = 0..steps-1.
+    def unroll(self, batch, steps: Optional[int] = None, states: bool = False) -> Iterator[tuple[int, torch.Tensor]]:
+        """The training-time-test unroll: yields (t, logits [b, s-1-t, dv]) for t = 0..steps-1, or
+        with states=True (t, step state [b, s-1-t, h]) whose `logits` are those logits.
 
         Step t at index j reads (state_j of step t-1, x_{j+1+t}) at position j+t and predicts
         x_{j+2+t}; step 0's state is the fused target feature. The proposer runs the same steps
@@ -201,7 +207,7 @@ class Eagle3Drafter(Drafter):
             positions = packing.positions(batch, n) + t  # [b, n] (per document when packed)
             hidden = self.step(ids[:, 1 + t : 1 + t + n], hidden[:, :n], positions, step_kv=step_kv,
                                documents=packing.document_ids_of(batch))
-            yield t, self.logits(hidden)
+            yield t, hidden if states else self.logits(hidden)
 
     def forward_loss(self, batch) -> StepOutput:
         """EAGLE-3 training-time test, numbered as in the paper's training recipe:
@@ -212,6 +218,8 @@ class Eagle3Drafter(Drafter):
         3. loss_t = (1-w) * KL(p || q) + w * CE(argmax p) summed over positions whose predicted
            token is in the loss mask (minus out-of-vocabulary argmaxes with mask_out_of_vocab),
            weighted by step_decay ** t; the sum is normalised by the caller (see StepOutput).
+           It runs loss_chunk positions at a time, each chunk's draft logits recomputed in backward
+           (vocab_loss.chunked_loss), so no step keeps [b, n, dv] fp32 logits alive.
         """
         cfg = self.cfg
         ids = batch["input_ids"]
@@ -219,35 +227,29 @@ class Eagle3Drafter(Drafter):
         mask = (batch["loss_mask"] * batch["attention_mask"]).float()
         mask = torch.cat([mask, mask.new_zeros(b, 1)], dim=1)  # [b, s] -> [b, s+1]: no label past the end
         draft_ids = self.draft_ids()  # [dv] target ids of the draft vocabulary
-        target_logits = batch["target_logits"]
-        label_logits = target_logits[..., draft_ids].float()  # 1. [b, s, V] -> [b, s, dv]
-        logp = torch.log_softmax(label_logits, dim=-1)
-        target_top = target_logits.argmax(-1)  # [b, s] target ids
+        target_logits = batch["target_logits"]  # [b, s, V], any dtype
+        chunk = cfg.loss_chunk or s
+        p, target_top = vocab_loss.soft_labels(target_logits, draft_ids, chunk)  # 1. [b, s, dv] fp32, [b, s] target ids
         draft_index = torch.full_like(self.t2d, -1, dtype=torch.long)  # [V] target id -> draft id, -1 outside
         draft_index[draft_ids] = torch.arange(len(draft_ids), device=draft_ids.device)
         in_vocab = draft_index[target_top] >= 0  # [b, s]
         hard = draft_index[target_top].clamp_min(0)  # [b, s] draft id of the argmax
         if cfg.mask_out_of_vocab:
             mask[:, 1:] = mask[:, 1:] * in_vocab.float()  # mask[i + 1] is the label at position i
-        total = label_logits.new_zeros(())
+        total = p.new_zeros(())
         sums: dict[str, torch.Tensor] = {}
         num_tokens = int((mask[:, 2:] * packing.valid_labels(batch, 2, s - 1)).sum())  # packed: labels in j's document
-        for t, logits in self.unroll(batch):  # 2.
-            n = logits.shape[1]
-            logq = torch.log_softmax(logits.float(), dim=-1)  # [b, n, dv]
+        for t, state in self.unroll(batch, states=True):  # 2.
+            n = state.shape[1]
             m = mask[:, 2 + t : 2 + t + n] * packing.valid_labels(batch, 2 + t, n)
-            lp = logp[:, 1 + t : 1 + t + n]
-            loss = (lp.exp() * (lp - logq)).sum(-1)  # 3. forward KL [b, n]
-            if cfg.hard_label_weight > 0:
-                ce = -logq.gather(-1, hard[:, 1 + t : 1 + t + n, None]).squeeze(-1)  # [b, n]
-                ce = ce * in_vocab[:, 1 + t : 1 + t + n]  # an out-of-vocabulary argmax has no draft id
-                loss = (1 - cfg.hard_label_weight) * loss + cfg.hard_label_weight * ce
-            total = total + (cfg.step_decay**t) * (loss * m).sum()
-            with torch.no_grad():
-                hit = (draft_ids[logq.argmax(-1)] == target_top[:, 1 + t : 1 + t + n]).float()
-                sums[f"acc_{t}"] = (hit * m).sum()
-                sums[f"loss_{t}"] = (loss * m).sum()
-                sums[f"tokens_{t}"] = m.sum()
+            labels = slice(1 + t, 1 + t + n)
+            loss, hits = vocab_loss.chunked_loss(  # 3. [b, n] per position, summed under m, chunk by chunk
+                state, self.logits, p[:, labels], m, draft_ids, target_top[:, labels], chunk,
+                hard[:, labels], in_vocab[:, labels].float(), cfg.hard_label_weight, recompute=cfg.loss_chunk is not None)
+            total = total + (cfg.step_decay**t) * loss
+            sums[f"acc_{t}"] = hits
+            sums[f"loss_{t}"] = loss.detach()
+            sums[f"tokens_{t}"] = m.sum()
         metrics, weights = {}, {}
         for key, value in sums.items():
             if not key.startswith("tokens_"):

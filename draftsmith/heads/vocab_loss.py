@@ -14,6 +14,8 @@ Both equal the straightforward computation (tests/unit/test_vocab_loss.py).
 
     p, top = soft_labels(batch["target_logits"], draft_ids)           # [b, s, dv] fp32, [b, s]
     kl_sum, hits = chunked_kl(hidden, lambda h: lm_head(norm(h)), p_t, mask_t, draft_ids, top_t)
+
+Eagle3Drafter.forward_loss uses `soft_labels` and `chunked_loss` (drafter.loss_chunk).
 """
 from __future__ import annotations
 
@@ -57,30 +59,45 @@ def soft_labels_from_hidden(last_hidden: torch.Tensor, lm_head_weight: torch.Ten
     return p, top
 
 
-def _kl_block(head, hidden, p, mask, draft_ids, top):
-    """One chunk: -> (sum of mask * KL(p || softmax(head(hidden))), top-1 hits under the mask)."""
+def _loss_block(head, hidden, p, mask, draft_ids, top, hard, in_vocab, hard_weight: float):
+    """One chunk: -> (sum of mask * loss, top-1 hits under the mask); loss = (1-w) KL(p || q) + w CE(hard)."""
     logq = torch.log_softmax(head(hidden).float(), dim=-1)  # [b, c, h] -> [b, c, dv]
-    kl = (p * (torch.log(p.clamp_min(1e-20)) - logq)).sum(-1)  # [b, c]
+    loss = (p * (torch.log(p.clamp_min(1e-20)) - logq)).sum(-1)  # [b, c]
+    if hard_weight > 0:
+        ce = -logq.gather(-1, hard[..., None]).squeeze(-1) * in_vocab  # [b, c]; no draft id: no CE
+        loss = (1 - hard_weight) * loss + hard_weight * ce
     with torch.no_grad():
         hits = ((draft_ids[logq.argmax(-1)] == top).float() * mask).sum()
-    return (kl * mask).sum(), hits
+    return (loss * mask).sum(), hits
+
+
+def chunked_loss(hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], p: torch.Tensor,
+                 mask: torch.Tensor, draft_ids: torch.Tensor, top: torch.Tensor, chunk: int = DEFAULT_CHUNK,
+                 hard: torch.Tensor | None = None, in_vocab: torch.Tensor | None = None, hard_weight: float = 0.0,
+                 recompute: bool = True):
+    """The loss of one TTT step summed under the mask: (1-w) KL(p || q) + w CE(hard), q = softmax(head(hidden)).
+
+    hidden [b, n, h]; head maps [b, c, h] -> [b, c, dv] draft logits (e.g. lm_head(norm(.)));
+    p [b, n, dv] fp32 labels; mask [b, n]; top [b, n] the target's argmax (target ids);
+    with hard_weight w > 0: hard [b, n] the argmax's draft id and in_vocab [b, n] whether it has one.
+    -> (loss_sum, differentiable scalar; hits, the masked count of draft argmax == top, no grad).
+    With gradients on and recompute, each chunk runs under activation checkpointing: backward keeps
+    the chunk's inputs only and recomputes its [b, c, dv] logits (recompute=False keeps them)."""
+    if hard_weight > 0 and (hard is None or in_vocab is None):
+        raise ValueError("chunked_loss: hard_weight > 0 needs hard and in_vocab")
+    grad = recompute and torch.is_grad_enabled() and hidden.requires_grad
+    loss_sum = hidden.new_zeros((), dtype=torch.float32)
+    hits = hidden.new_zeros((), dtype=torch.float32)
+    for a in range(0, hidden.shape[1], chunk):
+        part = slice(a, a + chunk)
+        args = (head, hidden[:, part], p[:, part], mask[:, part], draft_ids, top[:, part],
+                None if hard is None else hard[:, part], None if in_vocab is None else in_vocab[:, part], hard_weight)
+        value, part_hits = checkpoint(_loss_block, *args, use_reentrant=False) if grad else _loss_block(*args)
+        loss_sum, hits = loss_sum + value, hits + part_hits
+    return loss_sum, hits
 
 
 def chunked_kl(hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], p: torch.Tensor,
                mask: torch.Tensor, draft_ids: torch.Tensor, top: torch.Tensor, chunk: int = DEFAULT_CHUNK):
-    """Forward KL(p || q) of one TTT step summed under the mask, q = softmax(head(hidden)).
-
-    hidden [b, n, h]; head maps [b, c, h] -> [b, c, dv] draft logits (e.g. lm_head(norm(.)));
-    p [b, n, dv] fp32 labels; mask [b, n]; top [b, n] the target's argmax (target ids).
-    -> (kl_sum, differentiable scalar; hits, the masked count of draft argmax == top, no grad).
-    With gradients on, each chunk runs under activation checkpointing: backward keeps the chunk's
-    inputs only and recomputes its [b, c, dv] logits."""
-    grad = torch.is_grad_enabled() and hidden.requires_grad
-    kl_sum = hidden.new_zeros((), dtype=torch.float32)
-    hits = hidden.new_zeros((), dtype=torch.float32)
-    for a in range(0, hidden.shape[1], chunk):
-        args = (head, hidden[:, a : a + chunk], p[:, a : a + chunk], mask[:, a : a + chunk], draft_ids,
-                top[:, a : a + chunk])
-        part, part_hits = checkpoint(_kl_block, *args, use_reentrant=False) if grad else _kl_block(*args)
-        kl_sum, hits = kl_sum + part, hits + part_hits
-    return kl_sum, hits
+    """Forward KL(p || q) of one TTT step summed under the mask (`chunked_loss` with soft labels only)."""
+    return chunked_loss(hidden, head, p, mask, draft_ids, top, chunk)

@@ -6,6 +6,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_train_scale.py"
 
@@ -18,7 +19,7 @@ def bench():
     return module
 
 
-@pytest.mark.parametrize("path", ["today", "new"])
+@pytest.mark.parametrize("path", ["today", "new", "lean"])
 def test_fake_memory_equals_real_memory(bench, path):
     shape = bench.SHAPES["tiny"]
     real = bench.measure(path, shape, 64, 2, "cpu", fake=False, chunk=32)
@@ -27,11 +28,15 @@ def test_fake_memory_equals_real_memory(bench, path):
     assert fake["peak_bytes"] == pytest.approx(real["peak_bytes"], rel=0.02)
 
 
-def test_new_step_computes_todays_loss(bench):
+def test_new_and_lean_steps_compute_todays_loss_and_gradients(bench):
     shape = bench.SHAPES["tiny"]
-    losses = {}
-    for path, step in (("today", bench.step_today), ("new", bench.step_new)):
+    losses, grads = {}, {}
+    for path, step in (("today", bench.step_today), ("new", bench.step_new), ("lean", bench.step_lean)):
         drafter, lm_head = bench.build_drafter(shape, 3, "cpu")
         batch = bench.synthetic_batch(shape, 40, "cpu")
-        losses[path] = float((step(drafter, lm_head, batch) if path == "today" else step(drafter, lm_head, batch, 16)).detach())
-    assert losses["new"] == pytest.approx(losses["today"], rel=2e-3)
+        loss = step(drafter, lm_head, batch) if path == "today" else step(drafter, lm_head, batch, 16)
+        losses[path] = float(loss.detach())
+        grads[path] = drafter.fc.weight.grad.clone()
+    for path in ("new", "lean"):
+        assert losses[path] == pytest.approx(losses["today"], rel=2e-3), path
+        torch.testing.assert_close(grads[path], grads["today"], rtol=2e-2, atol=1e-5, msg=path)

@@ -134,6 +134,30 @@ def test_options_loss_matches_hand_written_reference(options):
     assert got.loss.item() == pytest.approx(want, rel=1e-4)
 
 
+@pytest.mark.parametrize("chunk", [1, 4, 7])
+def test_chunked_loss_equals_the_reference_with_the_same_gradients(chunk):
+    """loss_chunk splits each TTT step's loss into position chunks whose logits are recomputed in
+    backward: the loss equals the hand-written reference, and loss, gradients and metrics equal the
+    whole-sequence path (loss_chunk: null), for the soft/hard label mix with out-of-vocabulary argmaxes."""
+    options = {"hard_label_weight": 0.5, "mask_out_of_vocab": True, "draft_vocab_size": 100}
+    runs = {}
+    for name, loss_chunk in (("whole", None), ("chunked", chunk)):
+        target, drafter = make(ttt_steps=3, loss_chunk=loss_chunk, **options)
+        batch = batch_for(target, drafter, s=13)
+        out = drafter.forward_loss(batch)
+        out.loss.backward()
+        runs[name] = (out, {n: p.grad.clone() for n, p in drafter.named_parameters() if p.grad is not None})
+        with torch.no_grad():
+            want = reference_loss(drafter, batch)
+        assert out.loss.item() == pytest.approx(want, rel=1e-4), name
+    (whole, whole_grads), (chunked, chunked_grads) = runs["whole"], runs["chunked"]
+    torch.testing.assert_close(chunked.loss, whole.loss, rtol=1e-5, atol=1e-6)
+    assert whole_grads.keys() == chunked_grads.keys() and whole_grads
+    for name, grad in whole_grads.items():
+        torch.testing.assert_close(chunked_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert chunked.metrics == pytest.approx(whole.metrics, rel=1e-5) and chunked.num_tokens == whole.num_tokens
+
+
 def test_mask_out_of_vocab_drops_exactly_those_positions():
     target, drafter = make(ttt_steps=1, draft_vocab_size=100, mask_out_of_vocab=True)
     batch = batch_for(target, drafter)
@@ -154,6 +178,7 @@ def test_option_ranges_are_reported():
     cfg = Eagle3Drafter.Config(ttt_steps=0, step_decay=1.5, hard_label_weight=2.0, lm_head_init="random",
                                freeze_lm_head=True)
     text = "\n".join(cfg.problems())
+    assert "drafter.loss_chunk" in "\n".join(Eagle3Drafter.Config(loss_chunk=0).problems())
     for key in ("ttt_steps", "step_decay", "hard_label_weight", "freeze_lm_head"):
         assert f"drafter.{key}" in text
 
