@@ -29,9 +29,8 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from draftsmith import packing
 from draftsmith.archs import default_aux_layer_ids
-from draftsmith.heads import DRAFTERS
+from draftsmith.heads import DRAFTERS, vocab_loss
 from draftsmith.heads.base import Draft, Drafter, FedNodes, StepOutput, range_problems
-from draftsmith.heads import vocab_loss
 from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, rotary
 from draftsmith.sampling import logits_to_probs, sample
 
