@@ -26,7 +26,9 @@ Model Optimizer settings (everything else at its 0.47.0 defaults):
           eagle_aux_hidden_state_layer_ids [0, 1, 3], the protocol's aux layers [1, 2, 4] in
           hidden_states numbering (ModelOpt hooks decoder-layer outputs; its own default on a
           5-layer target would be [1] only), and eagle_use_torch_compile False (eager on CPU; no
-          change to the maths).
+          change to the maths). --eagle-target-sized shapes the draft layer like the target's layers
+          (intermediate 172, 8 heads x 8, 4 kv heads on stories260K), the size draftsmith's and
+          speculators' drafters have; ModelOpt's default layer holds ~38x their parameters here.
   medusa  mtsp.convert(model, [("medusa", cfg)]): medusa_num_layers 1 (default); medusa_num_heads 3
           (the default is 2; 3 matches draftsmith's 3-head Medusa and the issue author's run); the
           loss is its forward's (heads coefficient 0.2, decay 0.8). Its head i predicts token
@@ -66,10 +68,13 @@ def load_base(path: str):
     return model.to("cpu")
 
 
-def convert(model, mode: str, aux_layers: list[int], medusa_heads: int):
+def convert(model, mode: str, aux_layers: list[int], medusa_heads: int, target_sized: bool = False):
     if mode == "eagle3":
-        cfg = {"eagle_use_torch_compile": False,
-               "eagle_architecture_config": {"eagle_aux_hidden_state_layer_ids": aux_layers}}
+        arch = {"eagle_aux_hidden_state_layer_ids": aux_layers}
+        if target_sized:  # the draft layer shaped like the target's layers (draftsmith's and speculators' size)
+            arch.update({key: getattr(model.config, key) for key in
+                         ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")})
+        cfg = {"eagle_use_torch_compile": False, "eagle_architecture_config": arch}
         return mtsp.convert(model, [("eagle", cfg)]), cfg
     cfg = {"medusa_num_heads": medusa_heads, "medusa_num_layers": 1}
     model = mtsp.convert(model, [("medusa", cfg)])
@@ -171,6 +176,9 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=0, help="linear warmup steps (0: constant lr)")
     ap.add_argument("--medusa-heads", type=int, default=3)
+    ap.add_argument("--eagle-target-sized", action="store_true",
+                    help="eagle3's draft layer with the target's intermediate size and heads instead of ModelOpt's "
+                         "default shapes (intermediate 14336, 32 x 128 heads)")
     ap.add_argument("--no-loop-check", action="store_true", help="skip ModelOpt's own proposer for eagle3")
     ap.add_argument("--out", type=Path, required=True, help="chain files go here, one per mode and seed")
     args = ap.parse_args(argv)
@@ -183,7 +191,7 @@ def main(argv=None) -> int:
         assert data["steps"] >= args.steps, f"the export holds {data['steps']} steps"
         for mode in args.mode:
             torch.manual_seed(seed)
-            model, cfg = convert(load_base(evaluation["target"]), mode, aux, args.medusa_heads)
+            model, cfg = convert(load_base(evaluation["target"]), mode, aux, args.medusa_heads, args.eagle_target_sized)
             trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
             print(f"{mode} seed {seed}: {trainable} trainable parameters", flush=True)
             train_s = train(model, mode, data["batches"], args.steps, args.lr, args.warmup)
@@ -196,7 +204,8 @@ def main(argv=None) -> int:
                         loop.append(eagle_loop_chain(model, seq, len(p["prompt"]), k))
                 else:
                     chains.append(medusa_chain(model, seq))
-            run = {"peer": f"modelopt-{mode}" + (f"-{args.medusa_heads}heads" if mode == "medusa" else ""),
+            variant = {"medusa": f"-{args.medusa_heads}heads", "eagle3": "-targetsized" if args.eagle_target_sized else ""}
+            run = {"peer": f"modelopt-{mode}{variant[mode]}",
                    "seed": seed, "steps": args.steps, "k": k if mode == "eagle3" else args.medusa_heads - 1,
                    "train_s": train_s, "chain_s": time.perf_counter() - t0, "trainable_params": trainable,
                    "settings": {"modelopt": modelopt.__version__, "transformers": transformers.__version__,
