@@ -16,8 +16,11 @@ Commands (from the repository root):
         --steps 300 --seeds 0 1 2 --workdir runs/mo/work
     OMP_NUM_THREADS=1 /work/venv-modelopt/bin/python benchmarks/peer_modelopt.py --protocol runs/mo/protocol \\
         --mode eagle3 medusa --seeds 0 1 2 --steps 300 --out runs/mo/chains
+        # also, each with --seeds 0 1 2: --mode eagle3 --eagle-target-sized; --mode medusa --medusa-heads 4;
+        # --mode medusa --lr 1e-4 --warmup 1000 (ModelOpt's eagle3 recipe lr)
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD python benchmarks/bench_peers.py --workdir runs/mo/work \\
-        --score-chains runs/mo/chains/eagle3-*.json --out benchmarks/results/modelopt/eagle3-300.json
+        --score-chains runs/mo/chains/modelopt-eagle3-300-seed*.json --out benchmarks/results/modelopt/eagle3-300.json
+        # one scoring per variant (the chain files' names); results in benchmarks/results/modelopt/
 
 Model Optimizer settings (everything else at its 0.47.0 defaults):
   eagle3  mtsp.convert(model, [("eagle", cfg)]): the default EAGLE-3 architecture (1 Llama decoder
