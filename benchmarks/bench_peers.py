@@ -26,8 +26,13 @@ Protocol (issue 10; ../shared/peers-on-cpu.md):
     python benchmarks/bench_peers.py --peers draftsmith --features-cache int8 --workdir /tmp/bp
         # draftsmith trains from an offline feature cache of that dtype (built once in --workdir)
 
-Model Optimizer (nvidia-modelopt) needs transformers < 5.15, which conflicts with the transformers
-draftsmith runs on; it is not run here (see docs/benchmarks.md).
+Outside trainers (a peer that cannot share this environment, e.g. Model Optimizer, which needs
+transformers < 5.15) get the protocol as files and hand back chains; the measure stays this file's:
+    python benchmarks/bench_peers.py --export-protocol runs/protocol --seeds 0 1 2 --workdir /tmp/bp
+        # eval.json (prompt + greedy continuation ids) and train-seed{S}.json: the exact rows draftsmith
+        # trains on for that seed, max(--steps) batches of 4 in order
+    python benchmarks/bench_peers.py --score-chains runs/modelopt/*.chains.json --out results/modelopt.json
+        # tau of chains made outside (benchmarks/peer_modelopt.py writes them) with walk_rounds
 """
 from __future__ import annotations
 
@@ -175,13 +180,18 @@ def speculators_chain(model, target, seq: torch.Tensor, k: int) -> list[list[int
     return [(t[0] + d2t[t[0]]).tolist() for t in tokens]
 
 
-def teacher_forced_tau(chain_fn, model, target, evalset, k: int) -> float:
+def chains_tau(chains: list[list[list[int]]], evalset, k: int) -> float:
+    """Pooled tau of per-prompt chains (chains[p][t][j] as walk_rounds' preds) over the eval set."""
     committed = rounds = 0
-    for prompt, cont in evalset:
-        seq = torch.cat([prompt, torch.tensor(cont)])[None]
-        c, r = walk_rounds(chain_fn(model, target, seq, k), seq[0].tolist(), len(prompt), len(cont), k)
+    for preds, (prompt, cont) in zip(chains, evalset, strict=True):
+        c, r = walk_rounds(preds, prompt.tolist() + list(cont), len(prompt), len(cont), k)
         committed, rounds = committed + c, rounds + r
     return committed / rounds
+
+
+def teacher_forced_tau(chain_fn, model, target, evalset, k: int) -> float:
+    chains = [chain_fn(model, target, torch.cat([prompt, torch.tensor(cont)])[None], k) for prompt, cont in evalset]
+    return chains_tau(chains, evalset, k)
 
 
 @torch.no_grad()
@@ -289,6 +299,52 @@ def train_speculators(target, trainer, steps: int, seed: int):
     return model
 
 
+# --------------------------------------------------------------------------- outside trainers
+def export_protocol(out: Path, work: Path, data_file: Path, evalset, steps: int, seeds: list[int], overrides: list[str]) -> None:
+    """eval.json: the eval set; train-seed{S}.json: the `steps` batches draftsmith's trainer draws for
+    seed S, in order, each a list of unpadded rows {input_ids, loss_mask} (right-pad them to train)."""
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"target": str(STORIES), "aux_layers_hidden_states_index": AUX, "k": DEFAULTS["k"], "ttt_steps": 3}
+    prompts = [{"prompt": p.tolist(), "continuation": list(c)} for p, c in evalset]
+    (out / "eval.json").write_text(json.dumps({**meta, "prompts": prompts}))
+    for seed in seeds:
+        stream = draftsmith_trainer(data_file, work / f"export-{seed}", steps, seed, overrides).stream
+        batches = []
+        for _ in range(steps):
+            batch = next(stream)
+            batches.append([{"input_ids": batch["input_ids"][b, :n].tolist(), "loss_mask": batch["loss_mask"][b, :n].tolist()}
+                            for b, n in enumerate(batch["attention_mask"].sum(1).tolist())])
+        (out / f"train-seed{seed}.json").write_text(json.dumps({**meta, "seed": seed, "steps": steps, "batches": batches}))
+        print(f"exported {steps} batches for seed {seed} -> {out / f'train-seed{seed}.json'}", flush=True)
+
+
+def score_chains(files: list[Path], evalset, out: Path | None) -> int:
+    """tau of chains made outside, with this file's walk; each file's echo of the eval set must equal ours."""
+    runs = []
+    for f in files:
+        run = json.loads(f.read_text())
+        echo = [(p["prompt"], p["continuation"]) for p in run.pop("eval")]
+        if echo != [(p.tolist(), list(c)) for p, c in evalset]:
+            print(f"{f}: its eval set is not this protocol's (prompts or greedy continuations differ)")
+            return 1
+        run["tau"] = chains_tau(run.pop("chains"), evalset, run["k"])
+        for extra in [key for key in run if key.startswith("chains_")]:  # e.g. chains_loop: a second proposer
+            run[f"tau_{extra[len('chains_'):]}"] = chains_tau(run.pop(extra), evalset, run["k"])
+        runs.append(run)
+        print(json.dumps({k_: (round(v, 4) if isinstance(v, float) else v) for k_, v in run.items() if k_ != "settings"}), flush=True)
+    report = {"protocol": {**DEFAULTS, "prompts": len(evalset)}, "runs": runs, "summary": {}}
+    for peer in dict.fromkeys(r["peer"] for r in runs):
+        for steps in dict.fromkeys(r["steps"] for r in runs if r["peer"] == peer):
+            group = [r for r in runs if r["peer"] == peer and r["steps"] == steps]
+            for key in [k_ for k_ in group[0] if k_.startswith("tau")]:
+                s = report["summary"][f"{peer}_{key}@{steps}"] = summarize([r[key] for r in group])
+                print(f"{peer}_{key}@{steps}: {s['mean']:.3f} ± {s['std']:.3f}  (min {s['min']:.3f}, max {s['max']:.3f}, n={len(group)})")
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1))
+    return 0
+
+
 # --------------------------------------------------------------------------- main
 def summarize(values: list[float]) -> dict:
     return {"mean": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
@@ -309,6 +365,10 @@ def main(argv=None) -> int:
     ap.add_argument("--features-cache", choices=["float32", "bfloat16", "float16", "int8", "fp8"], default=None,
                     help="draftsmith trains from an offline feature cache in this dtype (online features otherwise)")
     ap.add_argument("--smoke", action="store_true", help="2 steps, 1 seed, 8 stories, 2 prompts (CI)")
+    ap.add_argument("--export-protocol", type=Path, default=None, metavar="DIR",
+                    help="write the eval set and each seed's training batches here for an outside trainer, then stop")
+    ap.add_argument("--score-chains", type=Path, nargs="+", default=None, metavar="FILE",
+                    help="score chain files made outside (e.g. by benchmarks/peer_modelopt.py), then stop")
     args = ap.parse_args(argv)
     if not STORIES.is_dir():
         print(f"bench_peers: {STORIES} is missing; it needs ../shared beside the repository", file=sys.stderr)
@@ -321,8 +381,13 @@ def main(argv=None) -> int:
     target = target_mod.load(str(STORIES), dtype="float32", device="cpu")
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-peers-"))
     work.mkdir(parents=True, exist_ok=True)
-    data_file = protocol_data(target, work, n_stories, args.data_seed)
     evalset = greedy_continuations(target, prompts, eval_tokens)
+    if args.score_chains:
+        return score_chains(args.score_chains, evalset, args.out)
+    data_file = protocol_data(target, work, n_stories, args.data_seed)
+    if args.export_protocol:
+        export_protocol(args.export_protocol, work, data_file, evalset, max(args.steps), args.seeds, args.overrides)
+        return 0
     k = DEFAULTS["k"]
     ds_overrides = args.overrides + (cache_overrides(data_file, work, args.features_cache) if args.features_cache else [])
     rows = []

@@ -73,3 +73,38 @@ def test_float32_feature_cache_trains_the_same_drafter_as_online_features(tmp_pa
     online, cached = runs["online"]["runs"][0], runs["cache"]["runs"][0]
     assert cached["draftsmith_tau"] == online["draftsmith_tau"]
     assert cached["draftsmith_loop_tau"] == online["draftsmith_loop_tau"]
+
+
+@pytest.mark.shared
+def test_export_protocol_holds_the_batches_draftsmith_trains_on_and_score_chains_walks_them(tmp_path, monkeypatch):
+    """--export-protocol: an outside trainer (benchmarks/peer_modelopt.py) gets draftsmith's own batches,
+    in order; --score-chains: chains that always propose the continuation commit k + 1 a round."""
+    monkeypatch.setenv("DRAFTSMITH_SHARED", str(shared_path(STORIES).parents[1]))
+    module, work, out = bench(), tmp_path / "work", tmp_path / "protocol"
+    assert module.main(["--smoke", "--workdir", str(work), "--export-protocol", str(out)]) == 0
+    exported = json.loads((out / "train-seed0.json").read_text())
+    stream = module.draftsmith_trainer(work / "stories-8-1234.jsonl", tmp_path / "fresh", 2, 0, []).stream
+    assert len(exported["batches"]) == 2
+    for rows in exported["batches"]:
+        batch = next(stream)
+        assert len(rows) == batch["input_ids"].shape[0]
+        for b, row in enumerate(rows):
+            n = int(batch["attention_mask"][b].sum())
+            assert row["input_ids"] == batch["input_ids"][b, :n].tolist()
+            assert row["loss_mask"] == batch["loss_mask"][b, :n].tolist()
+    prompts = json.loads((out / "eval.json").read_text())["prompts"]
+    k = 3
+    chains = []
+    for p in prompts:
+        seq = p["prompt"] + p["continuation"]
+        chains.append([[seq[j + 2 + t] if j + 2 + t < len(seq) else -1 for j in range(len(seq))] for t in range(k)])
+    run = {"peer": "oracle", "seed": 0, "steps": 0, "k": k, "eval": prompts, "chains": chains}
+    (tmp_path / "oracle.json").write_text(json.dumps(run))
+    report_path = tmp_path / "scored.json"
+    assert module.main(["--smoke", "--workdir", str(work), "--score-chains", str(tmp_path / "oracle.json"),
+                        "--out", str(report_path)]) == 0
+    tau = json.loads(report_path.read_text())["runs"][0]["tau"]
+    assert 3.5 < tau <= k + 1  # every round accepts all k drafts (only the last rounds are cut short)
+    run["eval"][0]["continuation"][0] += 1  # a different eval set is refused
+    (tmp_path / "oracle.json").write_text(json.dumps(run))
+    assert module.main(["--smoke", "--workdir", str(work), "--score-chains", str(tmp_path / "oracle.json")]) == 1
