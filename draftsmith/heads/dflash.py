@@ -297,6 +297,41 @@ class BlockDrafting:
         w[0] = 0.0
         return w
 
+# --------------------------------------------------------------------------- options
+@dataclass
+class BlockConfig:
+    """Options of the block drafters (DFlash; DSpark adds its Markov and confidence heads)."""
+
+    # Target layer ids whose hidden states are fused (hidden_states[i] = input of layer i); None:
+    # EAGLE-3's low/mid/high rule. The paper uses 5 layers spread from shallow to deep on 8B.
+    aux_layer_ids: Optional[list[int]] = None
+    # Tokens per block: DFlash's slot 0 is the anchor, so one forward drafts block_size - 1 tokens.
+    block_size: int = 8
+    # Draft decoder layers (the paper: 5 on Qwen3-8B; 1-2 suffice on tiny targets).
+    num_layers: int = 1
+    # Blocks trained per sequence (anchors drawn at random among loss positions).
+    num_anchors: int = 32
+    # DFlash: slot i's loss weight is exp(-(i - 1) / loss_decay_gamma) (the paper: 7 for B=16, 4 for B=8).
+    loss_decay_gamma: float = 4.0
+    # Token id that fills the masked slots; None: the tokenizer's pad (else unk) id.
+    mask_token_id: Optional[int] = None
+    # Draft vocabulary size (most frequent training-target tokens); None: full vocabulary.
+    draft_vocab_size: Optional[int] = None
+    # Train lm_head (initialised from the target's rows); False keeps it frozen, as the paper does.
+    train_lm_head: bool = False
+    # Draft layer shape; None copies the target's.
+    num_heads: Optional[int] = None
+    num_kv_heads: Optional[int] = None
+    intermediate_size: Optional[int] = None
+
+    def problems(self) -> list[str]:
+        """Ranges `config.load` and `draftsmith validate` report (one message per bad option)."""
+        return range_problems(self, {"block_size": ">= 2", "num_layers": ">= 1", "num_anchors": ">= 1",
+                                     "loss_decay_gamma": "> 0", "mask_token_id": ">= 0", "draft_vocab_size": ">= 2",
+                                     "num_heads": ">= 1", "num_kv_heads": ">= 1", "intermediate_size": ">= 1",
+                                     "aux_layer_ids": ">= 0"})
+
+
 # --------------------------------------------------------------------------- the drafter
 @DRAFTERS.register("dflash")
 class DFlashDrafter(BlockDrafting, Drafter):
@@ -304,32 +339,8 @@ class DFlashDrafter(BlockDrafting, Drafter):
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "aux_hidden_states", "target_logits"})
 
     @dataclass
-    class Config:
-        # Target layer ids whose hidden states are fused (hidden_states[i] = input of layer i); None:
-        # EAGLE-3's low/mid/high rule. The paper uses 5 layers spread from shallow to deep on 8B.
-        aux_layer_ids: Optional[list[int]] = None
-        # Tokens per block: slot 0 is the anchor, so one forward drafts block_size - 1 tokens.
-        block_size: int = 8
-        # Draft decoder layers (the paper: 5 on Qwen3-8B; 1-2 suffice on tiny targets).
-        num_layers: int = 1
-        # Blocks trained per sequence (anchors drawn at random among loss positions).
-        num_anchors: int = 32
-        # Slot i's loss weight is exp(-(i - 1) / loss_decay_gamma) (the paper: 7 for B=16, 4 for B=8).
-        loss_decay_gamma: float = 4.0
-        # Token id that fills the masked slots; None: the tokenizer's pad (else unk) id.
-        mask_token_id: Optional[int] = None
-        # Draft vocabulary size (most frequent training-target tokens); None: full vocabulary.
-        draft_vocab_size: Optional[int] = None
-        # Train lm_head (initialised from the target's rows); False keeps it frozen, as the paper does.
-        train_lm_head: bool = False
-        # Draft layer shape; None copies the target's.
-        num_heads: Optional[int] = None
-        num_kv_heads: Optional[int] = None
-        intermediate_size: Optional[int] = None
-
-        def problems(self) -> list[str]:
-            """Ranges `config.load` and `draftsmith validate` report (one message per bad option)."""
-            return range_problems(self, {"block_size": ">= 2", "num_layers": ">= 1", "num_anchors": ">= 1", "loss_decay_gamma": "> 0", "mask_token_id": ">= 0", "draft_vocab_size": ">= 2", "num_heads": ">= 1", "num_kv_heads": ">= 1", "intermediate_size": ">= 1", "aux_layer_ids": ">= 0"})
+    class Config(BlockConfig):
+        """DFlash's options: the block options DSpark shares."""
 
     def __init__(self, cfg, layer_config, aux_layer_ids: list[int], draft_vocab_size: int, target_vocab_size: int,
                  embed_tokens: nn.Embedding, mask_token_id: int):

@@ -22,14 +22,13 @@ verification (a detached target).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch import nn
 
 from draftsmith.heads import DRAFTERS
 from draftsmith.heads.base import Draft, Drafter, StepOutput, range_problems
-from draftsmith.heads.dflash import BlockDrafting, BlockProposer, slot_metrics
+from draftsmith.heads.dflash import BlockConfig, BlockDrafting, BlockProposer, slot_metrics
 from draftsmith.sampling import sample
 
 
@@ -60,16 +59,12 @@ class DSparkDrafter(BlockDrafting, Drafter):
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "aux_hidden_states", "target_logits"})
 
     @dataclass
-    class Config:
-        # Target layer ids whose hidden states are fused; None: EAGLE-3's low/mid/high rule.
-        aux_layer_ids: Optional[list[int]] = None
+    class Config(BlockConfig):
+        """DFlash's block options (dflash.BlockConfig) with DSpark's defaults and its two heads."""
+
         # Tokens per block; every slot predicts (DeepSpec ships block 7), so one forward drafts block_size.
         block_size: int = 7
-        # Draft decoder layers of the DFlash backbone.
-        num_layers: int = 1
-        # Blocks trained per sequence (random anchors among loss positions).
-        num_anchors: int = 32
-        # Slot i's loss weight is exp(-i / loss_decay_gamma).
+        # Slot i's loss weight is exp(-i / loss_decay_gamma) (DSpark has no anchor-only slot 0).
         loss_decay_gamma: float = 4.0
         # Low rank r of the Markov bias W2 W1 (DeepSpec and speculators: 256).
         markov_rank: int = 32
@@ -78,19 +73,10 @@ class DSparkDrafter(BlockDrafting, Drafter):
         # Eval: drafts are sent to verification while the running product of confidences stays >= this;
         # 0 sends every drafted token (the loop's k caps it).
         confidence_threshold: float = 0.3
-        # Token id that fills the masked slots; None: the tokenizer's pad (else unk) id.
-        mask_token_id: Optional[int] = None
-        # Draft vocabulary size; None: full vocabulary.
-        draft_vocab_size: Optional[int] = None
-        # Train lm_head (initialised from the target's rows); False keeps it frozen, as DFlash does.
-        train_lm_head: bool = False
-        num_heads: Optional[int] = None
-        num_kv_heads: Optional[int] = None
-        intermediate_size: Optional[int] = None
 
         def problems(self) -> list[str]:
-            """Ranges `config.load` and `draftsmith validate` report (one message per bad option)."""
-            return range_problems(self, {"block_size": ">= 2", "num_layers": ">= 1", "num_anchors": ">= 1", "loss_decay_gamma": "> 0", "markov_rank": ">= 1", "confidence_weight": ">= 0", "confidence_threshold": ">= 0 and < 1", "mask_token_id": ">= 0", "draft_vocab_size": ">= 2", "num_heads": ">= 1", "num_kv_heads": ">= 1", "intermediate_size": ">= 1", "aux_layer_ids": ">= 0"})
+            return super().problems() + range_problems(self, {"markov_rank": ">= 1", "confidence_weight": ">= 0",
+                                                              "confidence_threshold": ">= 0 and < 1"})
 
     def __init__(self, cfg, layer_config, aux_layer_ids: list[int], draft_vocab_size: int, target_vocab_size: int,
                  embed_tokens: nn.Embedding, mask_token_id: int):
