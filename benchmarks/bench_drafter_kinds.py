@@ -61,15 +61,21 @@ def evaluate(args_eval: list[str], out_json: Path, args, k: int | None = None) -
     return json.loads(out_json.read_text())
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kinds", default=",".join(KINDS))
+def arguments(doc: str, kinds: list[str], out: Path) -> argparse.ArgumentParser:
+    """The options every kinds benchmark shares: which kinds, the training budget and the eval command's."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kinds", default=",".join(kinds))
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--workloads", default="mt_bench,gsm8k")
     p.add_argument("--num-prompts", type=int, default=10)
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--out", type=Path, default=REPO / "runs" / "bench-kinds")
+    p.add_argument("--out", type=Path, default=out)
+    return p
+
+
+def main() -> None:
+    p = arguments(__doc__, KINDS, REPO / "runs" / "bench-kinds")
     p.add_argument("--matched", action="store_true", help="also train each kind at EAGLE-3's trainable-parameter count")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

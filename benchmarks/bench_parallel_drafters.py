@@ -18,14 +18,13 @@ kind and, prompt by prompt, runs target-only decoding and each kind back to back
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_drafter_kinds import REPO, evaluate, train_kind  # noqa: E402
+from bench_drafter_kinds import REPO, arguments, evaluate, train_kind  # noqa: E402
 
 KINDS = ["eagle3", "dflash", "dspark", "peagle"]
 
@@ -79,14 +78,7 @@ def interleaved_timing(kinds: list[str], args) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kinds", default=",".join(KINDS))
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--k", type=int, default=5)
-    p.add_argument("--workloads", default="mt_bench,gsm8k")
-    p.add_argument("--num-prompts", type=int, default=10)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--out", type=Path, default=REPO / "runs" / "bench-parallel")
+    p = arguments(__doc__, KINDS, REPO / "runs" / "bench-parallel")
     p.add_argument("--timing-repeats", type=int, default=3, help="interleaved timing passes (0: skip)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
