@@ -8,10 +8,9 @@ Three questions are answered here for any loaded transformers config:
   - `draft_rope(config)`: the one flat rope dict a Llama-layer draft (EAGLE-1/3) runs and its
     export writes (per-layer-type rope, as in Gemma-3, becomes the full-attention layers' rope;
     partial rotary is dropped: the draft layer rotates its whole head, at training and serving);
-  - `refusals(config, kind, fmt)`: why a drafter kind or export format cannot serve this target
-    (empty when it can). inspect and train call it before loading any data. Which formats take
-    a kind at all is the export registry's answer (`draftsmith.export.formats_for`); `draftsmith
-    export` refuses a kind its format does not take.
+  - `config_refusals(config)`, `draft_rope_refusals(config)`: the target-side reasons a drafter
+    cannot serve it (empty when it can). Which reasons apply to a kind is the kind's class's answer
+    (heads.refusals; export.refusals adds an export layout's), asked by inspect, train and the matrix.
 Also `default_aux_layer_ids(L)`, EAGLE-3's default feature layers (a trait of the target's depth).
 This module imports nothing from draftsmith: target, heads, export and inspect build on it.
 
@@ -23,10 +22,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-
-KINDS = ("eagle3", "eagle1", "medusa", "mlp_speculator", "draft_lm")  # drafters that propose token by token
-BLOCK_KINDS = ("dflash", "dspark", "peagle")  # drafters that propose a block of tokens in one forward
-MATRIX_KINDS = KINDS + BLOCK_KINDS  # every kind the architecture matrix (matrix.py) checks
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
@@ -172,27 +167,22 @@ def logits_transform(config) -> tuple[float | None, float | None, float | None]:
             getattr(c, "logits_scaling", None))
 
 
-def refusals(config, kind: str, fmt: str | None = None) -> list[str]:
-    """Why `kind` (exported as `fmt`, when given) cannot serve this target; [] when it can.
-
-    Each reason names the unsupported feature and what to do instead."""
+def config_refusals(config) -> list[str]:
+    """Why no drafter kind can serve a target of this config ([] when the config is readable)."""
     c = text_config(config)
-    reasons: list[str] = []
     if getattr(c, "num_hidden_layers", 0) < 1 or not getattr(c, "hidden_size", None):
         return [f"{c.model_type}: the config has no decoder layers / hidden size draftsmith can read"]
-    if kind not in KINDS + BLOCK_KINDS:
-        return [f"drafter kind {kind!r} is unknown (known: {list(KINDS + BLOCK_KINDS)})"]
-    rope_type = draft_rope(c).get("rope_type", "default")
+    return []
+
+
+def draft_rope_refusals(config) -> list[str]:
+    """Why a drafter with its own attention layer (heads: uses_draft_rope) cannot run this target's rope."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    if kind in ("eagle1", "eagle3") + BLOCK_KINDS and rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
-        reasons.append(f"rope_type {rope_type!r}: the draft layer's rotary embedding does not implement it")
-    if kind == "eagle3" and fmt in ("sglang", "trtllm"):
-        # SGLang and TRT-LLM name aux layers by layer OUTPUT: a 2-layer target's default ids include 0.
-        if min(default_aux_layer_ids(c.num_hidden_layers)) < 1:
-            reasons.append(f"{fmt}: aux layer ids name layer outputs, and a {c.num_hidden_layers}-layer target's default "
-                           "ids include 0 (the embedding output); use a target with >= 4 layers or aux_layer_ids >= 1")
-    return reasons
+    rope_type = draft_rope(text_config(config)).get("rope_type", "default")
+    if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
+        return [f"rope_type {rope_type!r}: the draft layer's rotary embedding does not implement it"]
+    return []
 
 
 # --------------------------------------------------------------------------- tiny configurations

@@ -34,34 +34,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_regenerate(cfg, target=None, limit=None, log=print, api_key_env=None):
-    """Regenerate cfg.data.path into cfg.regenerate.output; returns the RegenSummary.
-    api_key_env: the variable named by --api-key-env (the openai generator's key)."""
-    from draftsmith.data import regenerate as regen
+    """Regenerate cfg.data.path into cfg.regenerate.output (data.regenerate.regenerate_for_recipe)."""
+    from draftsmith.data.regenerate import regenerate_for_recipe
 
-    rc = cfg.regenerate
-    if rc.generator == "local":
-        from draftsmith import target as target_mod
-
-        target = target or target_mod.from_config(cfg.target)
-        generator = regen.LocalGenerator(target, rc, cfg.data)
-    else:
-        tokenizer = None
-        if rc.api == "completions":
-            tokenizer = target.tokenizer if target is not None else _load_tokenizer(cfg)
-        generator = regen.HTTPGenerator(rc, cfg.data, tokenizer, api_key_env=api_key_env, log=log)
-    summary = regen.regenerate(cfg.data.path, generator, rc.output, fmt=cfg.data.format, batch_size=rc.batch_size,
-                               limit=limit, log=log)
-    log(summary.summary())
-    return summary
+    return regenerate_for_recipe(cfg, target, limit, log, api_key_env)
 
 
 def _load_tokenizer(cfg):
-    from transformers import AutoTokenizer
+    from draftsmith.data.regenerate import recipe_tokenizer
 
-    from draftsmith.target import resolve_path
-
-    return AutoTokenizer.from_pretrained(resolve_path(cfg.target.path), revision=cfg.target.revision,
-                                         trust_remote_code=cfg.target.trust_remote_code)
+    return recipe_tokenizer(cfg)
 
 
 def drafter_layers_and_features(cfg, target, counts) -> tuple[list[int], set[str]]:

@@ -8,7 +8,8 @@ Reads the config and tokenizer only (the model is built on the meta device, no w
 loaded), then prints: layers, hidden size, vocabulary, rope type and parameters (the target's and
 the draft layer's), architecture features (embedding scale, soft-capping, windows, MoE, MLA, ...),
 chat template yes/no, EOS ids, EAGLE-3's default aux layers, offline-cache bytes per token for
-each cache dtype, and the drafter kinds and export formats that work for it (archs.refusals).
+each cache dtype, and the drafter kinds and export formats that work for it (export.refusals: the
+kind's class and each format's layout answer; every registered kind is listed).
 Exits 1 with the reasons when the target is unsupported (no kind works, or --kind is refused).
 `draftsmith train` runs the same checks (check_for_training) before it loads any data.
 """
@@ -23,10 +24,21 @@ CACHE_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ROW_BYTES = 5  # input_ids int32 + loss_mask uint8, stored with every cached row
 
 
-def cached_hidden_widths(kind: str, hidden: int) -> int:
-    """Hidden values per token the offline cache stores for `kind` (EAGLE-3: 3 aux layers; others: the
-    last hidden state, from which target_logits are replayed)."""
-    return 3 * hidden if kind == "eagle3" else hidden
+class _Shape:
+    """What a kind's feature_layers_for / cached_hidden_widths read of a target: its depth and width."""
+
+    def __init__(self, num_layers: int, hidden_size: int):
+        self.num_layers, self.hidden_size = num_layers, hidden_size
+
+
+def cached_hidden_widths(kind: str, hidden: int, num_layers: int) -> int:
+    """Hidden values per token the offline cache stores for `kind` at its default options: one block per
+    aux layer it reads, plus the last hidden state when it reads the target's logits (replayed from it),
+    as `draftsmith prepare --features --dry-run` predicts (data/feature_cache.cache_features)."""
+    from draftsmith.heads import DRAFTERS
+
+    cls = DRAFTERS.get(kind)
+    return cls.cached_hidden_widths(cls.Config(), _Shape(num_layers, hidden))
 
 
 def load_meta(path: str, revision: str | None = None, trust_remote_code: bool = False):
@@ -74,12 +86,13 @@ def eos_ids(config, model, tokenizer) -> list[int]:
 
 def support(config) -> dict[str, dict]:
     """kind -> {"refusals": [...], "formats": {fmt: [refusals]}} for every drafter kind."""
-    from draftsmith.export import formats_for as export_formats_for  # the registry loads every exporter
+    from draftsmith.export import formats_for, refusals
+    from draftsmith.heads import DRAFTERS
 
     out = {}
-    for kind in archs.KINDS + archs.BLOCK_KINDS:
-        reasons = archs.refusals(config, kind)
-        formats = {fmt: archs.refusals(config, kind, fmt) for fmt in export_formats_for(kind)}
+    for kind in DRAFTERS.names():
+        reasons = refusals(config, kind)
+        formats = {fmt: refusals(config, kind, fmt) for fmt in formats_for(kind)}
         out[kind] = {"refusals": reasons, "formats": {f: r for f, r in formats.items()}}
     return out
 
@@ -107,8 +120,8 @@ def report(path: str, revision: str | None = None, trust_remote_code: bool = Fal
         "eos_ids": eos_ids(config, model, tokenizer),
         "default_aux_layers": default_aux_layer_ids(layers),
         "feature_bytes_per_token": {
-            kind: {dt: cached_hidden_widths(kind, hidden) * size + ROW_BYTES for dt, size in CACHE_DTYPES.items()}
-            for kind in ("eagle3", "eagle1")},
+            kind: {dt: cached_hidden_widths(kind, hidden, layers) * size + ROW_BYTES for dt, size in CACHE_DTYPES.items()}
+            for kind in kinds} if not problems else {},
         "kinds": kinds,
         "problems": problems,
     }
@@ -127,10 +140,9 @@ def format_text(rep: dict) -> str:
              f"  features: {', '.join(rep['features']) or 'Llama-like (none beyond rope)'}",
              f"  chat template: {'yes' if rep['chat_template'] else 'no'}; EOS ids {rep['eos_ids']}",
              f"  default aux layers (EAGLE-3): {rep['default_aux_layers']}",
-             "  offline feature cache, bytes per token (incl. 5 for ids + mask):"]
-    for kind, label in (("eagle3", "eagle3 (3 aux layers)"), ("eagle1", "eagle1 / medusa / mlp_speculator / draft_lm (last hidden)")):
-        sizes = ", ".join(f"{dt} {n:,}" for dt, n in rep["feature_bytes_per_token"][kind].items())
-        lines.append(f"    {label}: {sizes}")
+             "  offline feature cache at default options, bytes per token (incl. 5 for ids + mask):"]
+    for kind, sizes in rep["feature_bytes_per_token"].items():
+        lines.append(f"    {kind}: " + ", ".join(f"{dt} {n:,}" for dt, n in sizes.items()))
     lines.append("  drafter kinds:")
     for kind, info in rep["kinds"].items():
         if info["refusals"]:
@@ -143,15 +155,6 @@ def format_text(rep: dict) -> str:
     for p in rep["problems"]:
         lines.append(f"  UNSUPPORTED: {p}")
     return "\n".join(lines)
-
-
-def check_for_training(target, kind: str) -> None:
-    """`draftsmith train`'s check before loading data: the same refusals inspect prints, as one error."""
-    reasons = archs.refusals(target.config, kind)
-    if reasons:
-        raise ValueError(f"drafter.kind {kind!r} cannot train for target {target.name} "
-                         f"({target.config.model_type}): " + "; ".join(reasons)
-                         + f" (see `draftsmith inspect {target.path}`)")
 
 
 def add_arguments(p) -> None:
@@ -170,7 +173,7 @@ def main(args) -> int:
         return 1
     print(json.dumps(rep, indent=2, default=str) if args.json else format_text(rep))
     if args.kind and args.kind not in rep["kinds"]:
-        known = list(archs.KINDS + archs.BLOCK_KINDS)
+        known = list(rep["kinds"])
         print(f"--kind {args.kind!r}: unknown or unchecked (known: {known})", file=sys.stderr)
         return 1
     reasons = rep["problems"] + (rep["kinds"][args.kind]["refusals"] if args.kind else [])

@@ -7,7 +7,9 @@ end to end on random weights (correctness only, never acceptance):
   3. lossless  greedy speculative output == target-only output (eval/loop.py), with rejections;
   4. export    every format that takes the kind validates (export/validate.py: names, shapes,
                rope, verifier, round trip), and the fields the engine's draft reads are the target's;
-or a refusal at config time (archs.refusals) naming the unsupported feature.
+or a refusal at config time (export.refusals: the kind's class and each format's layout) naming the
+unsupported feature. The kinds are every registered one (DRAFTERS.names()), each with its class's
+tiny_options.
 
     from draftsmith import matrix
     cells = matrix.run_arch("gemma2", workdir)        # one row (all kinds)
@@ -24,20 +26,15 @@ from pathlib import Path
 
 import torch
 
-from draftsmith import archs, testing
+from draftsmith import testing
 from draftsmith.export import formats_for as export_formats_for
+from draftsmith.export import refusals
+from draftsmith.heads import DRAFTERS
 
-# Small drafter options so that a cell runs in well under a second on one CPU thread.
-KIND_OPTIONS = {
-    "eagle3": {"ttt_steps": 2, "draft_vocab_size": 128},
-    "eagle1": {},
-    "medusa": {"num_heads": 2},
-    "mlp_speculator": {"n_predict": 2},
-    "draft_lm": {"init": "shrink", "shrink_layers": 1},
-    "dflash": {"block_size": 4, "num_layers": 1, "num_anchors": 4},  # one forward drafts 3
-    "dspark": {"block_size": 3, "num_layers": 1, "num_anchors": 4, "markov_rank": 8},
-    "peagle": {"num_depths": 3},
-}
+
+def matrix_kinds() -> list[str]:
+    """Every registered drafter kind (each runs with its class's tiny_options)."""
+    return DRAFTERS.names()
 
 
 @dataclass
@@ -65,7 +62,7 @@ def recipe(target_dir: Path, data: Path, out: Path, kind: str):
 
     raw = {"target": {"path": str(target_dir), "device": "cpu"},
            "data": {"path": [str(data)], "max_length": 48, "eval_samples": 2},
-           "drafter": {"kind": kind, **KIND_OPTIONS[kind]},
+           "drafter": {"kind": kind, **DRAFTERS.get(kind).tiny_options},
            "train": {"output_dir": str(out), "max_steps": 2, "batch_size": 2, "lr": 1e-3, "warmup_steps": 1,
                      "log_every": 1, "eval_every": 0},
            "logging": {"progress_bar": False, "report_to": []}}
@@ -77,7 +74,8 @@ def check_features(target, drafter) -> str:
     from draftsmith.archs import default_aux_layer_ids
 
     layers = drafter.feature_layers()
-    if drafter.kind == "eagle3" and layers != default_aux_layer_ids(target.num_layers):
+    default = "aux_hidden_states" in drafter.required_features and getattr(drafter.cfg, "aux_layer_ids", None) is None
+    if default and layers != default_aux_layer_ids(target.num_layers):
         raise AssertionError(f"aux layers {layers}, expected {default_aux_layer_ids(target.num_layers)}")
     ids = torch.randint(3, target.vocab_size, (2, 10), generator=torch.Generator().manual_seed(0))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
@@ -110,8 +108,7 @@ def check_lossless(target, drafter, base: list[int]) -> str:
     """Greedy speculative output == target-only output; rollback across sliding windows is exercised."""
     from draftsmith.eval.loop import LoopConfig, generate
 
-    k = min(3, getattr(drafter.cfg, "num_heads", 3) if drafter.kind == "medusa" else
-            getattr(drafter.cfg, "n_predict", 3))
+    k = min(3, drafter.max_draft_tokens() or 3)
     spec = generate(target, drafter.make_proposer(target), prompt_for(target),
                     LoopConfig(k=k, max_new_tokens=NEW_TOKENS, eos_ids=[]))
     if spec.tokens != base:
@@ -133,7 +130,7 @@ def run_cell(arch: str, kind: str, target, target_dir: Path, data: Path, workdir
 
     start = time.perf_counter()
     cell = Cell(arch, kind, "ok")
-    refused = archs.refusals(target.config, kind)
+    refused = refusals(target.config, kind)
     if refused:
         cell.status, cell.reasons = "refused", refused
         return cell
@@ -157,7 +154,7 @@ def run_cell(arch: str, kind: str, target, target_dir: Path, data: Path, workdir
             cell.checks["export"] = f"no export format takes {kind} drafters"
         for fmt in export_formats_for(kind):
             step = f"export {fmt}"
-            why = archs.refusals(target.config, kind, fmt)
+            why = refusals(target.config, kind, fmt)
             if why:
                 cell.checks[f"export {fmt}"] = "refused: " + "; ".join(why)
                 continue
@@ -170,7 +167,7 @@ def run_cell(arch: str, kind: str, target, target_dir: Path, data: Path, workdir
     return cell
 
 
-def run_arch(arch: str, workdir: Path, kinds=archs.MATRIX_KINDS) -> list[Cell]:
+def run_arch(arch: str, workdir: Path, kinds=None) -> list[Cell]:
     """Every kind on the tiny `arch` target (saved once to workdir: recipes name a target path)."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -184,4 +181,4 @@ def run_arch(arch: str, workdir: Path, kinds=archs.MATRIX_KINDS) -> list[Cell]:
     target.path = str(target_dir)
     data = data_file(workdir)
     base = target_only(target)
-    return [run_cell(arch, kind, target, target_dir, data, workdir, base) for kind in kinds]
+    return [run_cell(arch, kind, target, target_dir, data, workdir, base) for kind in (kinds or matrix_kinds())]

@@ -33,7 +33,7 @@ A cell is `ok` when the drafter kind, on that target:
    the target's rope in the draft layer's config, the verifier and target architecture recorded, round trip);
    a draft-LM (`hf`) export also carries the target's soft-capping, window and rope settings.
 
-`refused` is a refusal at config time (`archs.refusals`, also printed by `draftsmith inspect`) that names
+`refused` is a refusal at config time (`export.refusals`, also printed by `draftsmith inspect`) that names
 the unsupported feature; `failed` never ships (the test fails).
 
 What the EAGLE, DFlash, DSpark and P-EAGLE drafts read of these targets (recorded in every export's `draftsmith.json` under
@@ -72,15 +72,15 @@ def main() -> int:
             for name, value in c.checks.items():
                 if value.startswith("refused"):
                     details.append(f"- `{arch}` x `{c.kind}` {name}: {value}")
-    header = "| architecture | stands for; features | " + " | ".join(archs.MATRIX_KINDS) + " |"
-    sep = "|" + "---|" * (len(archs.MATRIX_KINDS) + 2)
+    header = "| architecture | stands for; features | " + " | ".join(matrix.matrix_kinds()) + " |"
+    sep = "|" + "---|" * (len(matrix.matrix_kinds()) + 2)
     text = INTRO + "\n## Matrix\n\n" + "\n".join([header, sep, *rows]) + "\n"
     text += "\nIn parentheses: the export formats validated for that cell (`eagle1` has no export format yet).\n"
     text += "\n## Refusals and failures\n\n" + ("\n".join(details) if details else "None: every cell passes.") + "\n"
     text += (f"\nMatrix run time: {time.perf_counter() - start:.0f} s on this machine "
              "(`python scripts/gen_targets_doc.py`, one CPU thread).\n")
     Path(args.out).write_text(text)
-    print(f"wrote {args.out}: {len(rows)} architectures x {len(archs.MATRIX_KINDS)} kinds")
+    print(f"wrote {args.out}: {len(rows)} architectures x {len(matrix.matrix_kinds())} kinds")
     return 0
 
 

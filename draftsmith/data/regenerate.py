@@ -374,6 +374,37 @@ def regenerate(paths: list[str], generator, output: str, fmt: str = "auto", batc
     return summary
 
 
+def regenerate_for_recipe(cfg, target=None, limit=None, log=print, api_key_env=None) -> RegenSummary:
+    """Regenerate a recipe's cfg.data.path into cfg.regenerate.output (`draftsmith prepare`, and `train`
+    before it reads the data); returns the RegenSummary. api_key_env: the variable named by --api-key-env
+    (the openai generator's key). target: the loaded target (the local generator loads it if None)."""
+    rc = cfg.regenerate
+    if rc.generator == "local":
+        from draftsmith import target as target_mod
+
+        target = target or target_mod.from_config(cfg.target)
+        generator = LocalGenerator(target, rc, cfg.data)
+    else:
+        tokenizer = None
+        if rc.api == "completions":
+            tokenizer = target.tokenizer if target is not None else recipe_tokenizer(cfg)
+        generator = HTTPGenerator(rc, cfg.data, tokenizer, api_key_env=api_key_env, log=log)
+    summary = regenerate(cfg.data.path, generator, rc.output, fmt=cfg.data.format, batch_size=rc.batch_size,
+                         limit=limit, log=log)
+    log(summary.summary())
+    return summary
+
+
+def recipe_tokenizer(cfg):
+    """The tokenizer of a recipe's target (no weights loaded)."""
+    from transformers import AutoTokenizer
+
+    from draftsmith.target import resolve_path
+
+    return AutoTokenizer.from_pretrained(resolve_path(cfg.target.path), revision=cfg.target.revision,
+                                         trust_remote_code=cfg.target.trust_remote_code)
+
+
 def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2))

@@ -4,16 +4,10 @@
     result = export("runs/eagle3-llama3.1-8b/final", to="sglang", out="exported/sglang")
     print(result.serve_command)
 
-EXPORTERS maps a format name (vllm, sglang, trtllm, hf) to its Exporter (one file each).
+EXPORTERS maps a format name (vllm, sglang, trtllm, hf) to its Exporter (one file each); each format
+registers one layout per kind under `layouts(format)` (a kind's class names its layout per format).
 """
-from draftsmith.registry import Registry
-
-EXPORTERS: Registry = Registry("export format")
-
-from draftsmith.export import hf, sglang, trtllm, vllm  # noqa: E402,F401  (register the formats)
-from draftsmith.export.api import ExportResult, export  # noqa: E402,F401
-
-
-def formats_for(kind: str) -> list[str]:
-    """The export formats whose exporter takes drafter kind `kind`."""
-    return [name for name in EXPORTERS.names() if kind in EXPORTERS.get(name).kinds]
+from draftsmith.export import hf, sglang, trtllm, vllm, vllm_parallel  # noqa: F401  (register the formats and layouts)
+from draftsmith.export.api import ExportResult, export  # noqa: F401
+from draftsmith.export.common import EXPORTERS  # noqa: F401
+from draftsmith.export.support import formats_for, refusals  # noqa: F401

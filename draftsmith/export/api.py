@@ -101,7 +101,8 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
 
     trust_remote_code: run the target's custom code (--trust-remote-code); never taken from the checkpoint."""
     from draftsmith.checkpoint import load_drafter, write_dir_atomically
-    from draftsmith.export import EXPORTERS
+    from draftsmith.export.common import EXPORTERS
+    from draftsmith.export.support import formats_for
     from draftsmith.export.validate import validate_export
 
     exporter = EXPORTERS.get(to)()
@@ -121,7 +122,7 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
             opts = dataclasses.replace(opts, num_speculative_tokens=recommended)  # the profile's best k at batch 1
     kind = loaded.drafter.kind
     if kind not in exporter.kinds:
-        fits = [name for name in EXPORTERS.names() if kind in EXPORTERS.get(name).kinds]
+        fits = formats_for(kind)
         raise ValueError(f"--to {to} does not take {kind} drafters (it takes {list(exporter.kinds)}); "
                          f"formats for {kind}: {fits}")
     report: dict = {}

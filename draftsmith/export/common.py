@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 
 from draftsmith import __version__
 from draftsmith import config as config_mod
+from draftsmith.registry import Registry
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 WEIGHTS_FILE = "model.safetensors"
@@ -67,39 +68,105 @@ class ExportValidationError(ValueError):
         super().__init__(f"export to {where} failed validation ({len(problems)} problem(s)); nothing was written:\n{lines}")
 
 
-class Exporter:
-    """One engine format. Subclasses set name/engine/kinds and implement the methods below."""
+# Every export format, registered under its --to name (`@EXPORTERS.register("vllm")`); export/__init__.py
+# imports each format's module so that the registry is full once draftsmith.export is imported.
+EXPORTERS: Registry = Registry("export format")
+# format -> its layouts, one per kind it takes (a kind names its layout per format in its class's
+# export_layouts: {"vllm": "block"}); `@layouts("vllm").register("block")`.
+LAYOUTS: dict[str, Registry] = {}
 
-    name: ClassVar[str] = ""
-    engine: ClassVar[str] = ""
-    kinds: ClassVar[tuple[str, ...]] = ()
+
+def layouts(fmt: str) -> Registry:
+    """The layout registry of export format `fmt`."""
+    return LAYOUTS.setdefault(fmt, Registry(f"{fmt} export layout"))
+
+
+class Layout:
+    """One drafter kind's files in one engine format: how they are built, the config keys and tensors
+    the engine reads, the checks beyond names and shapes, and the load-back of the round trip."""
+
+    # validate.py checks d2t/t2d of the files against the trained drafter's mapping
+    carries_vocab_map: ClassVar[bool] = False
+
+    def refusals(self, target_config) -> list[str]:
+        """Why this layout cannot serve a target of transformers `target_config` (inspect, the matrix)."""
+        return []
 
     def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:
-        """The files of this format for a loaded checkpoint (out_dir: the final directory)."""
         raise NotImplementedError
 
-    def required_config_keys(self, kind: str) -> list[str]:
-        """Dotted config.json keys the engine reads (nested dicts as a.b)."""
+    def required_config_keys(self) -> list[str]:
         raise NotImplementedError
 
-    def expected_tensors(self, config: dict, kind: str) -> dict[str, TensorSpec]:
-        """Every tensor the engine expects, derived from config.json alone."""
+    def expected_tensors(self, config: dict) -> dict[str, TensorSpec]:
         raise NotImplementedError
 
     def llama_fields(self, config: dict) -> dict | None:
-        """The part of config.json holding the draft layer's Llama fields (rope, positions)."""
         return config
 
     def check_format(self, export_dir: Path, config: dict, tensors: dict, loaded) -> list[str]:
-        """Format-specific checks beyond names and shapes; returns problems."""
         return []
 
     def load_back(self, export_dir: Path, loaded):
-        """Re-import the exported files into a draftsmith drafter (the round trip)."""
         raise NotImplementedError
 
     def serve_command(self, out_dir: Path, loaded, opts: ExportOptions) -> str:
         raise NotImplementedError
+
+
+class Exporter:
+    """One engine format: name, engine and its layouts (one per kind, `layouts(name)`). The methods hand
+    each call to the layout the drafter kind names for this format; none switches on the kind."""
+
+    name: ClassVar[str] = ""
+    engine: ClassVar[str] = ""
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The drafter kinds that name a layout of this format."""
+        from draftsmith.heads import DRAFTERS
+
+        return tuple(k for k in DRAFTERS.names() if self.name in DRAFTERS.get(k).export_layouts)
+
+    def layout(self, kind: str) -> Layout:
+        from draftsmith.heads import DRAFTERS
+
+        name = DRAFTERS.get(kind).export_layouts.get(self.name)
+        if name is None:
+            raise ValueError(f"--to {self.name} does not take {kind} drafters (it takes {list(self.kinds)})")
+        return layouts(self.name).get(name)()
+
+    def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:
+        """The files of this format for a loaded checkpoint (out_dir: the final directory)."""
+        return self.layout(loaded.drafter.kind).build(loaded, opts, out_dir)
+
+    def required_config_keys(self, kind: str) -> list[str]:
+        """Dotted config.json keys the engine reads (nested dicts as a.b)."""
+        return self.layout(kind).required_config_keys()
+
+    def expected_tensors(self, config: dict, kind: str) -> dict[str, TensorSpec]:
+        """Every tensor the engine expects, derived from config.json alone."""
+        return self.layout(kind).expected_tensors(config)
+
+    def llama_fields(self, config: dict, kind: str) -> dict | None:
+        """The part of config.json holding the draft layer's Llama fields (rope, positions)."""
+        return self.layout(kind).llama_fields(config)
+
+    def check_format(self, export_dir: Path, config: dict, tensors: dict, loaded) -> list[str]:
+        """Format-specific checks beyond names and shapes; returns problems."""
+        return self.layout(loaded.drafter.kind).check_format(export_dir, config, tensors, loaded)
+
+    def load_back(self, export_dir: Path, loaded):
+        """Re-import the exported files into a draftsmith drafter (the round trip)."""
+        return self.layout(loaded.drafter.kind).load_back(export_dir, loaded)
+
+    def reference_drafter(self, loaded, dtype: torch.dtype):
+        """The trained drafter rounded to the export dtype, built as load_back builds it."""
+        make = getattr(self.layout(loaded.drafter.kind), "reference_drafter", None)
+        return make(loaded, dtype) if make else None
+
+    def serve_command(self, out_dir: Path, loaded, opts: ExportOptions) -> str:
+        return self.layout(loaded.drafter.kind).serve_command(out_dir, loaded, opts)
 
 
 # --------------------------------------------------------------------------- small helpers
@@ -194,6 +261,30 @@ def llama_fields(layer_config, target_config, dtype: torch.dtype) -> dict:
     }
     fields.update(rope_fields(target_rope(tc)))
     return fields
+
+
+EAGLE3_NUM_AUX = 3  # vLLM, SGLang and TensorRT-LLM build fc as [3 * target_hidden -> h]
+
+
+def check_eagle3_aux_count(aux_ids: list[int], engine: str) -> None:
+    """vLLM's Eagle3LlamaForCausalLM sizes fc as target_hidden_size * 3 whatever the config says (no
+    config field sets the count), and SGLang's and TensorRT-LLM's EAGLE-3 drafts do the same: an
+    export of another count would fail to load there (fc shape mismatch)."""
+    if len(aux_ids) != EAGLE3_NUM_AUX:
+        raise ValueError(f"drafter.aux_layer_ids {list(aux_ids)}: {engine}'s EAGLE-3 draft reads exactly "
+                         f"{EAGLE3_NUM_AUX} aux layers (it builds fc for 3 * target_hidden_size, no config field "
+                         f"changes that); retrain with 3 ids, e.g. the default low/mid/high (drafter.aux_layer_ids=null)")
+
+
+def output_id_refusals(target_config, engine: str) -> list[str]:
+    """SGLang / TensorRT-LLM name aux layers by layer OUTPUT: a shallow target's default ids include 0."""
+    from draftsmith.archs import default_aux_layer_ids, text_config
+
+    layers = text_config(target_config).num_hidden_layers
+    if min(default_aux_layer_ids(layers)) >= 1:
+        return []
+    return [f"{engine}: aux layer ids name layer outputs, and a {layers}-layer target's default ids include 0 "
+            "(the embedding output); use a target with >= 4 layers or aux_layer_ids >= 1"]
 
 
 def output_of_layer_ids(aux_ids: list[int], engine: str) -> list[int]:

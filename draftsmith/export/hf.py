@@ -20,14 +20,16 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.export import EXPORTERS
 from draftsmith.export.common import (
+    EXPORTERS,
     SIDECAR_FILE,
     Exporter,
     ExportFiles,
     ExportOptions,
+    Layout,
     TensorSpec,
     export_dtype,
+    layouts,
     num_tokens,
     sidecar,
     verifier_name,
@@ -37,10 +39,9 @@ from draftsmith.export.common import (
 class _HFDraft:
     """A re-imported HF draft model, shaped like a drafter for the round trip."""
 
-    kind = "draft_lm"
-
-    def __init__(self, model):
+    def __init__(self, model, kind: str):
         self.model = model
+        self.kind = kind
 
     def state_dict(self):
         return self.model.state_dict()
@@ -48,14 +49,18 @@ class _HFDraft:
     def make_proposer(self, target):
         from draftsmith.heads.draft_lm import DraftModelProposer
 
-        return DraftModelProposer(self.model, target.vocab_size, name="draft_lm")
+        return DraftModelProposer(self.model, target.vocab_size, name=self.kind)
 
 
 @EXPORTERS.register("hf")
 class HFExporter(Exporter):
     name = "hf"
     engine = "Hugging Face"
-    kinds = ("draft_lm",)
+
+
+@layouts("hf").register("draft_lm")
+class DraftLMLayout(Layout):
+    """A whole Hugging Face model directory (DraftLMDrafter.save_hf)."""
 
     def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:
         d, target = loaded.drafter, loaded.target
@@ -68,11 +73,11 @@ class HFExporter(Exporter):
         return ExportFiles(config={}, tensors={}, sidecar=side,
                            writer=lambda directory: d.save_hf(directory, target.tokenizer, dtype))
 
-    def required_config_keys(self, kind: str) -> list[str]:
+    def required_config_keys(self) -> list[str]:
         return ["architectures", "model_type", "vocab_size", "hidden_size", "num_hidden_layers",
                 "max_position_embeddings"]
 
-    def expected_tensors(self, config: dict, kind: str) -> dict[str, TensorSpec]:
+    def expected_tensors(self, config: dict) -> dict[str, TensorSpec]:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         hf_config = AutoConfig.for_model(**config)
@@ -104,10 +109,10 @@ class HFExporter(Exporter):
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(str(export_dir)).to(loaded.target.device).eval()
-        return _HFDraft(model)
+        return _HFDraft(model, loaded.drafter.kind)
 
     def reference_drafter(self, loaded, dtype: torch.dtype):
-        return _HFDraft(loaded.drafter.merged_model().to(dtype))
+        return _HFDraft(loaded.drafter.merged_model().to(dtype), loaded.drafter.kind)
 
     def serve_command(self, out_dir: Path, loaded, opts: ExportOptions) -> str:
         k = num_tokens(loaded, opts, 5)

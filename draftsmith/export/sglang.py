@@ -19,21 +19,25 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.export import EXPORTERS
 from draftsmith.export.common import (
     DTYPES,
+    EXPORTERS,
     Exporter,
     ExportFiles,
     ExportOptions,
+    Layout,
     TensorSpec,
+    check_eagle3_aux_count,
     eagle3_from_weights,
     eagle3_norm_fields,
     eagle3_norm_problems,
     eagle3_tensor_spec,
     eagle3_weights,
     export_dtype,
+    layouts,
     llama_fields,
     num_tokens,
+    output_id_refusals,
     output_of_layer_ids,
     read_export,
     sidecar,
@@ -51,10 +55,18 @@ LLAMA_KEYS = [
 class SGLangExporter(Exporter):
     name = "sglang"
     engine = "SGLang"
-    kinds = ("eagle3",)
+
+
+@layouts("sglang").register("eagle3")
+class Eagle3Layout(Layout):
+    carries_vocab_map = True
+
+    def refusals(self, target_config) -> list[str]:
+        return output_id_refusals(target_config, "sglang")
 
     def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:
         d, target = loaded.drafter, loaded.target
+        check_eagle3_aux_count(d.aux_layer_ids, "SGLang")
         dtype = export_dtype(loaded, opts)
         config = {
             "architectures": ["LlamaForCausalLMEagle3"],
@@ -71,11 +83,11 @@ class SGLangExporter(Exporter):
         side = sidecar(loaded, self.name, self.engine, opts, {"num_speculative_tokens": k})
         return ExportFiles(config=config, tensors=eagle3_weights(loaded, dtype), sidecar=side)
 
-    def required_config_keys(self, kind: str) -> list[str]:
+    def required_config_keys(self) -> list[str]:
         return ["architectures", *LLAMA_KEYS, "draft_vocab_size", "target_hidden_size",
                 "eagle_config.eagle_aux_hidden_state_layer_ids", "eagle_config.use_aux_hidden_state"]
 
-    def expected_tensors(self, config: dict, kind: str) -> dict[str, TensorSpec]:
+    def expected_tensors(self, config: dict) -> dict[str, TensorSpec]:
         return eagle3_tensor_spec(
             config, config["draft_vocab_size"], len(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
             config["target_hidden_size"], "midlayer.", DTYPES[config["torch_dtype"]], with_t2d=True, with_embed=False,

@@ -22,21 +22,25 @@ from pathlib import Path
 import torch
 
 from draftsmith.data import draft_vocab
-from draftsmith.export import EXPORTERS
 from draftsmith.export.common import (
     DTYPES,
+    EXPORTERS,
     Exporter,
     ExportFiles,
     ExportOptions,
+    Layout,
     TensorSpec,
+    check_eagle3_aux_count,
     eagle3_from_weights,
     eagle3_norm_fields,
     eagle3_norm_problems,
     eagle3_tensor_spec,
     eagle3_weights,
     export_dtype,
+    layouts,
     llama_fields,
     num_tokens,
+    output_id_refusals,
     output_of_layer_ids,
     read_export,
     rename,
@@ -57,10 +61,18 @@ EAGLE_CONFIG_KEYS = [
 class TRTLLMExporter(Exporter):
     name = "trtllm"
     engine = "TensorRT-LLM"
-    kinds = ("eagle3",)
+
+
+@layouts("trtllm").register("eagle3")
+class Eagle3Layout(Layout):
+    carries_vocab_map = True
+
+    def refusals(self, target_config) -> list[str]:
+        return output_id_refusals(target_config, "trtllm")
 
     def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:
         d, target = loaded.drafter, loaded.target
+        check_eagle3_aux_count(d.aux_layer_ids, "TensorRT-LLM")
         dtype = export_dtype(loaded, opts)
         ids = output_of_layer_ids(d.aux_layer_ids, "TensorRT-LLM")
         llama = llama_fields(d.layer_config, target.config, dtype)
@@ -101,11 +113,11 @@ class TRTLLMExporter(Exporter):
             f"  eagle3_layers_to_capture: [{', '.join(str(i) for i in ids)}]\n"
         )
 
-    def required_config_keys(self, kind: str) -> list[str]:
+    def required_config_keys(self) -> list[str]:
         return ["architectures", *LLAMA_KEYS, "draft_vocab_size", "target_hidden_size",
                 *(f"eagle_config.{k}" for k in EAGLE_CONFIG_KEYS)]
 
-    def expected_tensors(self, config: dict, kind: str) -> dict[str, TensorSpec]:
+    def expected_tensors(self, config: dict) -> dict[str, TensorSpec]:
         return eagle3_tensor_spec(
             config, config["draft_vocab_size"], len(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
             config["target_hidden_size"], "layers.0.", DTYPES[config["torch_dtype"]], with_t2d=False, with_embed=False,

@@ -41,9 +41,9 @@ def validate_export(export_dir: Path, exporter, loaded, opts: ExportOptions, k: 
     problems = check_config_keys(config, exporter.required_config_keys(kind))
     if not problems:  # shapes are derived from config keys: only meaningful once they exist
         problems += check_tensors(tensors, exporter.expected_tensors(config, kind))
-    if kind == "eagle3":
+    if exporter.layout(kind).carries_vocab_map:
         problems += check_vocab_map(tensors, loaded.drafter)
-    llama = exporter.llama_fields(config)
+    llama = exporter.llama_fields(config, kind)
     if llama is not None:
         problems += check_rope(llama, loaded.target.config)
     problems += check_verifier(side, loaded.target)
@@ -203,8 +203,8 @@ def reference_drafter(exporter, loaded, dtype: torch.dtype):
     floats = [t.dtype for t in loaded.drafter.state_dict().values() if t.is_floating_point()]
     if not floats or floats[0] == dtype:
         return loaded.drafter
-    make = getattr(exporter, "reference_drafter", None)
-    return make(loaded, dtype) if make else copy.deepcopy(loaded.drafter).to(dtype)
+    made = exporter.reference_drafter(loaded, dtype)
+    return made if made is not None else copy.deepcopy(loaded.drafter).to(dtype)
 
 
 def check_round_trip(export_dir: Path, exporter, loaded, k: int) -> str:

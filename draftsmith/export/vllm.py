@@ -22,7 +22,7 @@ MLP speculator (vllm/model_executor/models/mlp_speculator.py): model_type "mlp_s
   inner_dim, n_predict, top_k_tokens_per_head, n_candidates, tie_weights, scale_input; tensors emb.{i},
   proj.{i}, head.{i}, ln.{i} (a tied model stores emb.0, proj.0, proj.1, head.0, ln.0). vLLM builds
   num_lookahead_tokens (= num_speculative_tokens) stages, so K must be <= n_predict.
-DFlash / DSpark (block drafters): the speculators layout in export/vllm_parallel.py; K <= one block's drafts.
+DFlash / DSpark (block drafters), P-EAGLE: the speculators layouts in export/vllm_parallel.py; K <= one block's drafts.
 """
 from __future__ import annotations
 
@@ -34,21 +34,23 @@ from pathlib import Path
 import torch
 
 from draftsmith import config as config_mod
-from draftsmith.export import EXPORTERS
-from draftsmith.export import vllm_parallel as block
 from draftsmith.export.common import (
     DTYPES,
+    EXPORTERS,
     Exporter,
     ExportFiles,
     ExportOptions,
+    Layout,
     TensorSpec,
     cast_floats,
+    check_eagle3_aux_count,
     dtype_name,
     eagle3_from_weights,
     eagle3_norm_problems,
     eagle3_tensor_spec,
     eagle3_weights,
     export_dtype,
+    layouts,
     llama_fields,
     num_tokens,
     read_export,
@@ -59,68 +61,112 @@ from draftsmith.export.common import (
 from draftsmith.export.sglang import LLAMA_KEYS
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose loader this format is tested against
-METHODS = {"eagle3": "eagle3", "medusa": "medusa", "mlp_speculator": "mlp_speculator", "dflash": "dflash",
-           "dspark": "dspark", "peagle": None}  # None: vLLM reads the method from the speculators config
 ADAPTER_DIR = "adapter"  # Medusa-2: the peft adapter the verifier must be served merged with
 
 
 def is_medusa2(drafter) -> bool:
-    return drafter.kind == "medusa" and bool(drafter.cfg.lora)
-
-
-def check_k(drafter, k: int) -> None:
-    """vLLM builds K = num_speculative_tokens Medusa heads / MLP stages: more than were trained would
-    run heads that no tensor fills."""
-    n = {"medusa": lambda: drafter.cfg.num_heads, "mlp_speculator": lambda: drafter.cfg.n_predict,
-         "peagle": lambda: drafter.cfg.num_depths}.get(drafter.kind)
-    if n is not None and k > n():
-        what = {"medusa": "num_heads", "mlp_speculator": "n_predict", "peagle": "num_depths"}[drafter.kind]
-        raise ValueError(f"--num-speculative-tokens {k} exceeds the {drafter.kind} drafter's {what} = {n()}: vLLM would "
-                         f"build {k} heads and leave {k - n()} of them uninitialised; pass --num-speculative-tokens <= "
-                         f"{n()} or retrain with more (drafter.{what})")
+    """A Medusa drafter trained with its LoRA adapter (asked of medusa drafters only)."""
+    return bool(drafter.cfg.lora)
 
 
 @EXPORTERS.register("vllm")
 class VLLMExporter(Exporter):
+    """vLLM: one layout per kind (eagle3, medusa, mlp_speculator here; block and peagle in vllm_parallel.py)."""
+
     name = "vllm"
     engine = "vLLM"
-    kinds = ("eagle3", "medusa", "mlp_speculator", *block.BLOCK_KINDS, "peagle")
 
-    # ------------------------------------------------------------------ build
+
+class VLLMLayout(Layout):
+    """What every vLLM layout shares: K, the sidecar and the `vllm serve --speculative-config` command."""
+
+    method: str | None = None  # the speculative-config method; None: vLLM reads it from the speculators config
+    limit_option: str | None = None  # drafter.OPTION that bounds K (heads, stages, depths); None: no bound
+
+    def default_k(self, drafter) -> int:
+        raise NotImplementedError
+
+    def check_k(self, drafter, k: int) -> None:
+        """vLLM builds K = num_speculative_tokens heads / stages / depths: more than were trained would
+        run heads that no tensor fills."""
+        if self.limit_option is None:
+            return
+        n = getattr(drafter.cfg, self.limit_option)
+        if k > n:
+            what = self.limit_option
+            raise ValueError(f"--num-speculative-tokens {k} exceeds the {drafter.kind} drafter's {what} = {n}: vLLM "
+                             f"would build {k} heads and leave {k - n} of them uninitialised; pass "
+                             f"--num-speculative-tokens <= {n} or retrain with more (drafter.{what})")
+
+    def files(self, loaded, dtype: torch.dtype, k: int, opts: ExportOptions) -> tuple[dict, dict]:
+        """(config.json, tensors) of this layout."""
+        raise NotImplementedError
+
     def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:
-        kind = loaded.drafter.kind
         dtype = export_dtype(loaded, opts)
-        k = num_tokens(loaded, opts, self._default_k(loaded.drafter))
-        check_k(loaded.drafter, k)
-        writer, extra = None, {"num_speculative_tokens": k}
-        if kind in block.BLOCK_KINDS:
-            block.check_k(loaded.drafter, k)
-            config, tensors = block.build(loaded, dtype, k, opts, SPECULATORS_VERSION)
-        elif kind == "peagle":
-            config = block.peagle_config(self._eagle3(loaded, dtype, k, opts)[0], loaded)
-            tensors = block.peagle_tensors(loaded, dtype)
-        elif kind == "eagle3":
-            config, tensors = self._eagle3(loaded, dtype, k, opts)
-        elif kind == "medusa":
-            config, tensors = self._medusa(loaded, dtype, k)
-            if is_medusa2(loaded.drafter):
-                writer = lambda directory: loaded.drafter.save_adapter(directory / ADAPTER_DIR)  # noqa: E731
-                extra.update(adapter=ADAPTER_DIR, serve_requires_merged_adapter=True)
-        else:
-            config, tensors = self._mlp(loaded, dtype, k)
-        side = sidecar(loaded, self.name, self.engine, opts, extra)
-        return ExportFiles(config=config, tensors=tensors, sidecar=side, writer=writer)
+        k = num_tokens(loaded, opts, self.default_k(loaded.drafter))
+        self.check_k(loaded.drafter, k)
+        config, tensors = self.files(loaded, dtype, k, opts)
+        side = sidecar(loaded, "vllm", "vLLM", opts, {"num_speculative_tokens": k})
+        return ExportFiles(config=config, tensors=tensors, sidecar=side)
 
-    @staticmethod
-    def _default_k(drafter) -> int:
-        c = drafter.cfg
-        if drafter.kind in block.BLOCK_KINDS:
-            return block.speculative_tokens(drafter)
-        return {"eagle3": lambda: c.ttt_steps, "peagle": lambda: c.num_depths, "medusa": lambda: c.num_heads, "mlp_speculator": lambda: c.n_predict}[
-            drafter.kind]()
+    def load_back(self, export_dir: Path, loaded):
+        _, _, tensors = read_export(export_dir)
+        return load_plain(tensors, loaded, str(export_dir))
 
-    def _eagle3(self, loaded, dtype, k: int, opts: ExportOptions):
+    def reference_drafter(self, loaded, dtype: torch.dtype):
+        return load_plain(cast_floats(loaded.drafter.state_dict_for_export(), dtype), loaded, "trained drafter")
+
+    def serve_command(self, out_dir: Path, loaded, opts: ExportOptions) -> str:
+        spec = json.dumps({"model": str(out_dir), "num_speculative_tokens": self.k(loaded, opts),
+                           **({"method": self.method} if self.method else {})})
+        return f"vllm serve {shlex.quote(verifier_name(loaded, opts))} --speculative-config {shlex.quote(spec)}"
+
+    def k(self, loaded, opts: ExportOptions) -> int:
+        return num_tokens(loaded, opts, self.default_k(loaded.drafter))
+
+
+def speculators_config(loaded, opts: ExportOptions, algorithm: str, k: int) -> dict:
+    """speculators_config {algorithm, default_proposal_method, proposal_methods, verifier}."""
+    return {
+        "algorithm": algorithm,
+        "default_proposal_method": "greedy",
+        "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": k,
+                              "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+        "verifier": {"name_or_path": verifier_name(loaded, opts),
+                     "architectures": list(getattr(loaded.target.config, "architectures", None) or [])},
+    }
+
+
+def proposal_problems(config: dict) -> list[str]:
+    spec = config["speculators_config"]
+    methods = [m.get("proposal_type") for m in spec["proposal_methods"]]
+    if spec["default_proposal_method"] not in methods or not spec["proposal_methods"][0].get("speculative_tokens"):
+        return [f"config.json: speculators_config.proposal_methods {spec['proposal_methods']} must hold "
+                f"the default method {spec['default_proposal_method']!r} with speculative_tokens >= 1"]
+    return []
+
+
+def embedding_problems(tensors: dict, embed: torch.nn.Embedding, whose: str) -> list[str]:
+    want = embed.weight.detach().cpu().to(tensors["embed_tokens.weight"].dtype)
+    if not torch.equal(tensors["embed_tokens.weight"], want):
+        return [f"model.safetensors: embed_tokens.weight differs from {whose} embedding"]
+    return []
+
+
+@layouts("vllm").register("eagle3")
+class Eagle3Layout(VLLMLayout):
+    """EAGLE-3 in the speculators format (see the module docstring)."""
+
+    method = "eagle3"
+    carries_vocab_map = True
+
+    def default_k(self, drafter) -> int:
+        return drafter.cfg.ttt_steps
+
+    def files(self, loaded, dtype, k, opts):
         d, target = loaded.drafter, loaded.target
+        check_eagle3_aux_count(d.aux_layer_ids, "vLLM")
         layer = {"architectures": ["LlamaForCausalLM"], **llama_fields(d.layer_config, target.config, dtype)}
         config = {
             "architectures": ["Eagle3Speculator"],
@@ -135,14 +181,7 @@ class VLLMExporter(Exporter):
             "target_hidden_size": target.hidden_size,
             "eagle_aux_hidden_state_layer_ids": list(d.aux_layer_ids),
             "transformer_layer_config": layer,
-            "speculators_config": {
-                "algorithm": "eagle3",
-                "default_proposal_method": "greedy",
-                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": k,
-                                      "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-                "verifier": {"name_or_path": verifier_name(loaded, opts),
-                             "architectures": list(getattr(target.config, "architectures", None) or [])},
-            },
+            "speculators_config": speculators_config(loaded, opts, "eagle3", k),
             "torch_dtype": dtype_name(dtype),
             "dtype": dtype_name(dtype),
         }
@@ -150,7 +189,65 @@ class VLLMExporter(Exporter):
         tensors["embed_tokens.weight"] = target.embed_tokens.weight.detach().to(dtype).cpu().contiguous()
         return config, tensors
 
-    def _medusa(self, loaded, dtype, k: int):
+    def required_config_keys(self) -> list[str]:
+        return ["architectures", "speculators_model_type", "draft_vocab_size", "norm_before_residual",
+                "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
+                *(f"transformer_layer_config.{k}" for k in LLAMA_KEYS),
+                "speculators_config.algorithm", "speculators_config.default_proposal_method",
+                "speculators_config.proposal_methods", "speculators_config.verifier.name_or_path",
+                "speculators_config.verifier.architectures", "torch_dtype"]
+
+    def expected_tensors(self, config: dict) -> dict[str, TensorSpec]:
+        return eagle3_tensor_spec(
+            config["transformer_layer_config"], config["draft_vocab_size"],
+            len(config["eagle_aux_hidden_state_layer_ids"]), config["target_hidden_size"], "layers.0.",
+            DTYPES[config["torch_dtype"]], with_t2d=True, with_embed=True, fc_norm=bool(config.get("fc_norm")),
+        )
+
+    def llama_fields(self, config: dict) -> dict | None:
+        return config.get("transformer_layer_config")
+
+    def check_format(self, export_dir: Path, config: dict, tensors: dict, loaded) -> list[str]:
+        problems = []
+        if config["architectures"] != ["Eagle3Speculator"] or config["speculators_model_type"] != "eagle3":
+            problems.append("config.json: needs architectures ['Eagle3Speculator'] and speculators_model_type 'eagle3'")
+        problems += eagle3_norm_problems(config, loaded.drafter)
+        if config.get("norm_before_fc"):
+            problems.append("config.json: norm_before_fc must be false (draftsmith's EAGLE-3 has no input_norm)")
+        if config["eagle_aux_hidden_state_layer_ids"] != list(loaded.drafter.aux_layer_ids):
+            problems.append(f"config.json: eagle_aux_hidden_state_layer_ids {config['eagle_aux_hidden_state_layer_ids']}"
+                            f" != the trained feature layers {loaded.drafter.aux_layer_ids}")
+        problems += proposal_problems(config)
+        return problems + embedding_problems(tensors, loaded.target.embed_tokens, "the target's")
+
+    def load_back(self, export_dir: Path, loaded):
+        _, _, tensors = read_export(export_dir)
+        weights = rename(tensors, "layers.0.", "midlayer.")
+        weights.pop("embed_tokens.weight")  # the target's; checked in check_format
+        return eagle3_from_weights(weights, loaded, str(export_dir))
+
+    def reference_drafter(self, loaded, dtype: torch.dtype):
+        return eagle3_from_weights(eagle3_weights(loaded, dtype), loaded, "trained drafter")
+
+
+@layouts("vllm").register("medusa")
+class MedusaLayout(VLLMLayout):
+    """vllm/model_executor/models/medusa.py (see the module docstring); Medusa-2 adds adapter/."""
+
+    method = "medusa"
+    limit_option = "num_heads"
+
+    def default_k(self, drafter) -> int:
+        return drafter.cfg.num_heads
+
+    def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:
+        files = super().build(loaded, opts, out_dir)
+        if is_medusa2(loaded.drafter):
+            files.writer = lambda directory: loaded.drafter.save_adapter(directory / ADAPTER_DIR)
+            files.sidecar.update(adapter=ADAPTER_DIR, serve_requires_merged_adapter=True)
+        return files
+
+    def files(self, loaded, dtype, k, opts):
         d, target = loaded.drafter, loaded.target
         if d.cfg.next_token_head:
             raise ValueError("export --to vllm: this Medusa drafter has drafter.next_token_head=true (head i predicts "
@@ -173,7 +270,61 @@ class VLLMExporter(Exporter):
         }
         return config, cast_floats(d.state_dict_for_export(), dtype)
 
-    def _mlp(self, loaded, dtype, k: int):
+    def required_config_keys(self) -> list[str]:
+        return ["model_type", "num_heads", "num_hidden_layers", "hidden_size", "vocab_size",
+                "truncated_vocab_size", "medusa_fc_bias", "torch_dtype"]
+
+    def expected_tensors(self, config: dict) -> dict[str, TensorSpec]:
+        dtype = DTYPES[config["torch_dtype"]]
+        h, V = config["hidden_size"], config["truncated_vocab_size"]
+        spec = {}
+        for i in range(config["num_heads"]):
+            for j in range(config["num_hidden_layers"]):
+                spec[f"blocks.{i}.layers.{j}.weight"] = TensorSpec((h, h), dtype)
+                if config["medusa_fc_bias"]:
+                    spec[f"blocks.{i}.layers.{j}.bias"] = TensorSpec((h,), dtype)
+            spec[f"lm_heads.{i}.weight"] = TensorSpec((V, h), dtype)
+        return spec
+
+    def llama_fields(self, config: dict) -> dict | None:
+        return None
+
+    def check_format(self, export_dir: Path, config: dict, tensors: dict, loaded) -> list[str]:
+        return check_medusa(export_dir, config, loaded)
+
+    def load_back(self, export_dir: Path, loaded):
+        _, _, tensors = read_export(export_dir)
+        return load_plain(tensors, loaded, str(export_dir), without_lora=is_medusa2(loaded.drafter))
+
+    def reference_drafter(self, loaded, dtype: torch.dtype):
+        return load_plain(cast_floats(loaded.drafter.state_dict_for_export(), dtype), loaded, "trained drafter",
+                          without_lora=is_medusa2(loaded.drafter))
+
+    def serve_command(self, out_dir: Path, loaded, opts: ExportOptions) -> str:
+        if not is_medusa2(loaded.drafter):
+            return super().serve_command(out_dir, loaded, opts)
+        spec = json.dumps({"model": str(out_dir), "num_speculative_tokens": self.k(loaded, opts), "method": self.method})
+        verifier = verifier_name(loaded, opts)
+        merged = str(out_dir.parent / f"{out_dir.name}-verifier-merged")
+        merge = (f"from peft import PeftModel; from transformers import AutoModelForCausalLM as M, AutoTokenizer as T; "
+                 f"PeftModel.from_pretrained(M.from_pretrained({verifier!r}), {str(out_dir / ADAPTER_DIR)!r})"
+                 f".merge_and_unload().save_pretrained({merged!r}); T.from_pretrained({verifier!r}).save_pretrained({merged!r})")
+        return (f"# Medusa-2: the heads read the ADAPTED target's states: serve the verifier with {ADAPTER_DIR}/ merged\n"
+                f"python -c {shlex.quote(merge)}\n"
+                f"vllm serve {shlex.quote(merged)} --speculative-config {shlex.quote(spec)}")
+
+
+@layouts("vllm").register("mlp_speculator")
+class MLPSpeculatorLayout(VLLMLayout):
+    """vllm/model_executor/models/mlp_speculator.py (see the module docstring)."""
+
+    method = "mlp_speculator"
+    limit_option = "n_predict"
+
+    def default_k(self, drafter) -> int:
+        return drafter.cfg.n_predict
+
+    def files(self, loaded, dtype, k, opts):
         d, target = loaded.drafter, loaded.target
         c = d.cfg
         config = {
@@ -193,115 +344,15 @@ class VLLMExporter(Exporter):
         }
         return config, cast_floats(d.state_dict_for_export(), dtype)
 
-    # ------------------------------------------------------------------ contract
-    def required_config_keys(self, kind: str) -> list[str]:
-        if kind in block.BLOCK_KINDS:
-            return block.required_keys(kind)
-        if kind == "peagle":
-            return [*self.required_config_keys("eagle3"), "mask_token_id"]
-        if kind == "eagle3":
-            return ["architectures", "speculators_model_type", "draft_vocab_size", "norm_before_residual",
-                    "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
-                    *(f"transformer_layer_config.{k}" for k in LLAMA_KEYS),
-                    "speculators_config.algorithm", "speculators_config.default_proposal_method",
-                    "speculators_config.proposal_methods", "speculators_config.verifier.name_or_path",
-                    "speculators_config.verifier.architectures", "torch_dtype"]
-        if kind == "medusa":
-            return ["model_type", "num_heads", "num_hidden_layers", "hidden_size", "vocab_size",
-                    "truncated_vocab_size", "medusa_fc_bias", "torch_dtype"]
+    def required_config_keys(self) -> list[str]:
         return ["architectures", "model_type", "vocab_size", "emb_dim", "inner_dim", "n_predict",
                 "top_k_tokens_per_head", "n_candidates", "tie_weights", "scale_input", "torch_dtype"]
 
-    def expected_tensors(self, config: dict, kind: str) -> dict[str, TensorSpec]:
-        dtype = DTYPES[config["torch_dtype"]]
-        if kind in block.BLOCK_KINDS:
-            return block.tensor_spec(config, kind, dtype)
-        if kind == "peagle":
-            spec = {**self.expected_tensors(config, "eagle3"), **block.peagle_spec_extra(config, dtype)}
-            if config["draft_vocab_size"] == config["transformer_layer_config"]["vocab_size"]:
-                spec.pop("d2t"), spec.pop("t2d")
-            return spec
-        if kind == "eagle3":
-            return eagle3_tensor_spec(
-                config["transformer_layer_config"], config["draft_vocab_size"],
-                len(config["eagle_aux_hidden_state_layer_ids"]), config["target_hidden_size"], "layers.0.", dtype,
-                with_t2d=True, with_embed=True, fc_norm=bool(config.get("fc_norm")),
-            )
-        if kind == "medusa":
-            h, V = config["hidden_size"], config["truncated_vocab_size"]
-            spec = {}
-            for i in range(config["num_heads"]):
-                for j in range(config["num_hidden_layers"]):
-                    spec[f"blocks.{i}.layers.{j}.weight"] = TensorSpec((h, h), dtype)
-                    if config["medusa_fc_bias"]:
-                        spec[f"blocks.{i}.layers.{j}.bias"] = TensorSpec((h,), dtype)
-                spec[f"lm_heads.{i}.weight"] = TensorSpec((V, h), dtype)
-            return spec
-        return mlp_tensor_spec(config, dtype)
-
-    def llama_fields(self, config: dict) -> dict | None:
-        return config.get("transformer_layer_config") if "speculators_model_type" in config else None
+    def expected_tensors(self, config: dict) -> dict[str, TensorSpec]:
+        return mlp_tensor_spec(config, DTYPES[config["torch_dtype"]])
 
     def check_format(self, export_dir: Path, config: dict, tensors: dict, loaded) -> list[str]:
-        if loaded.drafter.kind in block.BLOCK_KINDS:
-            return block.check_format(config, tensors, loaded)
-        if loaded.drafter.kind == "medusa":
-            return check_medusa(export_dir, config, loaded)
-        if loaded.drafter.kind == "mlp_speculator":
-            return check_mlp(config, loaded)
-        if loaded.drafter.kind == "peagle":
-            return block.peagle_check(config, tensors, loaded)
-        problems = []
-        if config["architectures"] != ["Eagle3Speculator"] or config["speculators_model_type"] != "eagle3":
-            problems.append("config.json: needs architectures ['Eagle3Speculator'] and speculators_model_type 'eagle3'")
-        problems += eagle3_norm_problems(config, loaded.drafter)
-        if config.get("norm_before_fc"):
-            problems.append("config.json: norm_before_fc must be false (draftsmith's EAGLE-3 has no input_norm)")
-        if config["eagle_aux_hidden_state_layer_ids"] != list(loaded.drafter.aux_layer_ids):
-            problems.append(f"config.json: eagle_aux_hidden_state_layer_ids {config['eagle_aux_hidden_state_layer_ids']}"
-                            f" != the trained feature layers {loaded.drafter.aux_layer_ids}")
-        spec = config["speculators_config"]
-        methods = [m.get("proposal_type") for m in spec["proposal_methods"]]
-        if spec["default_proposal_method"] not in methods or not spec["proposal_methods"][0].get("speculative_tokens"):
-            problems.append(f"config.json: speculators_config.proposal_methods {spec['proposal_methods']} must hold "
-                            f"the default method {spec['default_proposal_method']!r} with speculative_tokens >= 1")
-        embed = loaded.target.embed_tokens.weight.detach().cpu().to(tensors["embed_tokens.weight"].dtype)
-        if not torch.equal(tensors["embed_tokens.weight"], embed):
-            problems.append("model.safetensors: embed_tokens.weight differs from the target's embedding")
-        return problems
-
-    # ------------------------------------------------------------------ round trip
-    def load_back(self, export_dir: Path, loaded):
-        config, _, tensors = read_export(export_dir)
-        kind = loaded.drafter.kind
-        if kind == "eagle3":
-            weights = rename(tensors, "layers.0.", "midlayer.")
-            weights.pop("embed_tokens.weight")  # the target's; checked in check_format
-            return eagle3_from_weights(weights, loaded, str(export_dir))
-        if kind in block.BLOCK_KINDS or kind == "peagle":
-            tensors = block.drafter_weights(tensors, loaded, keep_embedding=kind == "peagle")
-            tensors = rename(tensors, "layers.0.", "midlayer.") if kind == "peagle" else tensors
-        return load_plain(tensors, loaded, str(export_dir))
-
-    def reference_drafter(self, loaded, dtype: torch.dtype):
-        if loaded.drafter.kind == "eagle3":
-            return eagle3_from_weights(eagle3_weights(loaded, dtype), loaded, "trained drafter")
-        return load_plain(cast_floats(loaded.drafter.state_dict_for_export(), dtype), loaded, "trained drafter")
-
-    def serve_command(self, out_dir: Path, loaded, opts: ExportOptions) -> str:
-        k = num_tokens(loaded, opts, self._default_k(loaded.drafter))
-        method = METHODS[loaded.drafter.kind]
-        spec = json.dumps({"model": str(out_dir), "num_speculative_tokens": k, **({"method": method} if method else {})})
-        verifier = verifier_name(loaded, opts)
-        if not is_medusa2(loaded.drafter):
-            return f"vllm serve {shlex.quote(verifier)} --speculative-config {shlex.quote(spec)}"
-        merged = str(out_dir.parent / f"{out_dir.name}-verifier-merged")
-        merge = (f"from peft import PeftModel; from transformers import AutoModelForCausalLM as M, AutoTokenizer as T; "
-                 f"PeftModel.from_pretrained(M.from_pretrained({verifier!r}), {str(out_dir / ADAPTER_DIR)!r})"
-                 f".merge_and_unload().save_pretrained({merged!r}); T.from_pretrained({verifier!r}).save_pretrained({merged!r})")
-        return (f"# Medusa-2: the heads read the ADAPTED target's states: serve the verifier with {ADAPTER_DIR}/ merged\n"
-                f"python -c {shlex.quote(merge)}\n"
-                f"vllm serve {shlex.quote(merged)} --speculative-config {shlex.quote(spec)}")
+        return check_mlp(config, loaded)
 
 
 def mlp_tensor_spec(config: dict, dtype: torch.dtype) -> dict[str, TensorSpec]:
@@ -320,13 +371,13 @@ def mlp_tensor_spec(config: dict, dtype: torch.dtype) -> dict[str, TensorSpec]:
     return spec
 
 
-def load_plain(tensors: dict[str, torch.Tensor], loaded, source: str):
+def load_plain(tensors: dict[str, torch.Tensor], loaded, source: str, without_lora: bool = False):
     """A fresh drafter of the checkpoint's kind holding `tensors` (its own state_dict names), strictly.
-    Medusa-2 heads are rebuilt without their adapter (it is exported and checked separately)."""
+    without_lora: Medusa-2 heads rebuilt without their adapter (it is exported and checked separately)."""
     from draftsmith.heads import DRAFTERS
 
     options = config_mod.drafter_options(loaded.config)
-    if is_medusa2(loaded.drafter):
+    if without_lora:
         options = dataclasses.replace(options, lora=False)
     drafter = DRAFTERS.get(loaded.drafter.kind).from_target(options, loaded.target, None)  # upcasts on load
     missing, unexpected = drafter.load_state_dict(tensors, strict=False)
@@ -404,3 +455,4 @@ def check_mlp(config: dict, loaded) -> list[str]:
         problems.append(f"config.json: num_lookahead_tokens {config['num_lookahead_tokens']} != n_predict {c.n_predict} "
                         "(vLLM builds that many stages)")
     return problems
+

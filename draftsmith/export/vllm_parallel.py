@@ -1,5 +1,6 @@
 """vLLM (speculators format) for the parallel drafters: DFlash and DSpark (block drafters), P-EAGLE.
-vllm.py calls these for those kinds; the EAGLE-3 / Medusa / MLP layouts stay in vllm.py.
+Three layouts registered under vllm: block (DFlash), dspark (block + its Markov and confidence heads)
+and peagle; the EAGLE-3 / Medusa / MLP layouts are in vllm.py.
 
 Read from speculators 0.9.0 (models/dflash/config.py, core.py; models/dspark/config.py, core.py):
   config.json  speculators_model_type "dflash" | "dspark", architectures ["DFlashSpeculator"] |
@@ -21,12 +22,33 @@ Read from speculators 0.9.0 (models/dflash/config.py, core.py; models/dspark/con
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
-from draftsmith.export.common import TensorSpec, cast_floats, dtype_name, llama_fields, verifier_name
+from draftsmith.export.common import (
+    DTYPES,
+    TensorSpec,
+    cast_floats,
+    check_eagle3_aux_count,
+    dtype_name,
+    layouts,
+    llama_fields,
+    read_export,
+    rename,
+)
+from draftsmith.export.vllm import (
+    SPECULATORS_VERSION,
+    Eagle3Layout,
+    VLLMLayout,
+    embedding_problems,
+    load_plain,
+    speculators_config,
+)
 
-BLOCK_KINDS = ("dflash", "dspark")
-ARCH = {"dflash": "DFlashSpeculator", "dspark": "DSparkSpeculator"}
+QWEN3_LAYER_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                    "num_key_value_heads", "head_dim", "rms_norm_eps", "vocab_size", "max_position_embeddings",
+                    "rope_theta", "hidden_act")
 
 
 def speculative_tokens(drafter) -> int:
@@ -34,121 +56,8 @@ def speculative_tokens(drafter) -> int:
     return drafter.block_size - (0 if getattr(drafter, "sample_from_anchor", False) else 1)
 
 
-def check_k(drafter, k: int) -> None:
-    most = speculative_tokens(drafter)
-    if k > most:
-        raise ValueError(f"--num-speculative-tokens {k} exceeds what one {drafter.kind} block drafts ({most} = "
-                         f"block_size {drafter.block_size} - anchor); pass --num-speculative-tokens <= {most} or "
-                         "retrain with a larger drafter.block_size")
-
-
 def full_vocab(drafter) -> bool:
     return drafter.d2t.shape[0] == drafter.t2d.shape[0]
-
-
-def build(loaded, dtype: torch.dtype, k: int, opts, version: str) -> tuple[dict, dict]:
-    d, target = loaded.drafter, loaded.target
-    layer = {**llama_fields(d.layer_config, target.config, dtype), "model_type": "qwen3",
-             "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": len(d.layers), "use_sliding_window": False}
-    config = {
-        "architectures": [ARCH[d.kind]],
-        "speculators_model_type": d.kind,
-        "speculators_version": version,
-        "draft_vocab_size": int(d.d2t.shape[0]),
-        "block_size": d.block_size,
-        "target_hidden_size": target.hidden_size,
-        "aux_hidden_state_layer_ids": list(d.aux_layer_ids),
-        "mask_token_id": d.mask_token_id,
-        "sample_from_anchor": bool(getattr(d, "sample_from_anchor", False)),
-        "sliding_window_non_causal": False,
-        "transformer_layer_config": layer,
-        "speculators_config": {
-            "algorithm": d.kind,
-            "default_proposal_method": "greedy",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": k,
-                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-            "verifier": {"name_or_path": verifier_name(loaded, opts),
-                         "architectures": list(getattr(target.config, "architectures", None) or [])},
-        },
-        "torch_dtype": dtype_name(dtype),
-        "dtype": dtype_name(dtype),
-    }
-    if d.kind == "dspark":
-        config.update(markov_rank=d.cfg.markov_rank, markov_head_type="vanilla", enable_confidence_head=True,
-                      confidence_head_with_markov=True)
-    tensors = cast_floats(d.state_dict_for_export(), dtype)
-    if full_vocab(d):
-        tensors.pop("d2t"), tensors.pop("t2d")
-    tensors["embed_tokens.weight"] = target.embed_tokens.weight.detach().to(dtype).cpu().contiguous()
-    return config, tensors
-
-
-def required_keys(kind: str) -> list[str]:
-    keys = ["architectures", "speculators_model_type", "draft_vocab_size", "block_size", "target_hidden_size",
-            "aux_hidden_state_layer_ids", "mask_token_id", "sample_from_anchor",
-            *(f"transformer_layer_config.{k}" for k in (
-                "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "rms_norm_eps", "vocab_size", "max_position_embeddings",
-                "rope_theta", "hidden_act")),
-            "speculators_config.algorithm", "speculators_config.default_proposal_method",
-            "speculators_config.proposal_methods", "speculators_config.verifier.name_or_path", "torch_dtype"]
-    if kind == "dspark":
-        keys += ["markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov"]
-    return keys
-
-
-def tensor_spec(config: dict, kind: str, dtype: torch.dtype) -> dict[str, TensorSpec]:
-    lc = config["transformer_layer_config"]
-    h, inter, d = lc["hidden_size"], lc["intermediate_size"], lc["head_dim"]
-    H, KV, V, dv = lc["num_attention_heads"], lc["num_key_value_heads"], lc["vocab_size"], config["draft_vocab_size"]
-    n_aux = len(config["aux_hidden_state_layer_ids"])
-    spec = {"fc.weight": TensorSpec((h, n_aux * config["target_hidden_size"]), dtype),
-            "hidden_norm.weight": TensorSpec((h,), dtype), "norm.weight": TensorSpec((h,), dtype),
-            "lm_head.weight": TensorSpec((dv, h), dtype), "embed_tokens.weight": TensorSpec((V, h), dtype)}
-    for i in range(lc["num_hidden_layers"]):
-        p = f"layers.{i}."
-        spec.update({
-            p + "input_layernorm.weight": TensorSpec((h,), dtype),
-            p + "post_attention_layernorm.weight": TensorSpec((h,), dtype),
-            p + "self_attn.q_proj.weight": TensorSpec((H * d, h), dtype),
-            p + "self_attn.k_proj.weight": TensorSpec((KV * d, h), dtype),
-            p + "self_attn.v_proj.weight": TensorSpec((KV * d, h), dtype),
-            p + "self_attn.o_proj.weight": TensorSpec((h, H * d), dtype),
-            p + "self_attn.q_norm.weight": TensorSpec((d,), dtype),
-            p + "self_attn.k_norm.weight": TensorSpec((d,), dtype),
-            p + "mlp.gate_proj.weight": TensorSpec((inter, h), dtype),
-            p + "mlp.up_proj.weight": TensorSpec((inter, h), dtype),
-            p + "mlp.down_proj.weight": TensorSpec((h, inter), dtype),
-        })
-    if dv != V:
-        spec["d2t"] = TensorSpec((dv,), torch.int64)
-        spec["t2d"] = TensorSpec((V,), torch.bool)
-    if kind == "dspark":
-        r = config["markov_rank"]
-        spec.update({"markov_head.markov_w1.weight": TensorSpec((V, r), dtype),
-                     "markov_head.markov_w2.weight": TensorSpec((dv, r), dtype),
-                     "confidence_head.proj.weight": TensorSpec((1, h + r), dtype),
-                     "confidence_head.proj.bias": TensorSpec((1,), dtype)})
-    return spec
-
-
-def check_format(config: dict, tensors: dict, loaded) -> list[str]:
-    d = loaded.drafter
-    problems = []
-    want = {"architectures": [ARCH[d.kind]], "speculators_model_type": d.kind, "block_size": d.block_size,
-            "aux_hidden_state_layer_ids": list(d.aux_layer_ids), "mask_token_id": d.mask_token_id,
-            "sample_from_anchor": bool(getattr(d, "sample_from_anchor", False))}
-    problems += [f"config.json: {key} is {config.get(key)!r}, the trained drafter's is {value!r}"
-                 for key, value in want.items() if config.get(key) != value]
-    k = config["speculators_config"]["proposal_methods"][0].get("speculative_tokens") or 0
-    if not 1 <= k <= speculative_tokens(d):
-        problems.append(f"config.json: speculative_tokens {k} must lie in 1..{speculative_tokens(d)} (one block)")
-    embed = loaded.target.embed_tokens.weight.detach().cpu().to(tensors["embed_tokens.weight"].dtype)
-    if not torch.equal(tensors["embed_tokens.weight"], embed):
-        problems.append("model.safetensors: embed_tokens.weight differs from the target's embedding")
-    if "d2t" in tensors and not torch.equal(tensors["d2t"].long(), d.d2t.cpu()):
-        problems.append("model.safetensors: d2t differs from the mapping the drafter was trained with")
-    return problems
 
 
 def drafter_weights(tensors: dict[str, torch.Tensor], loaded, keep_embedding: bool = False) -> dict[str, torch.Tensor]:
@@ -162,42 +71,196 @@ def drafter_weights(tensors: dict[str, torch.Tensor], loaded, keep_embedding: bo
     return weights
 
 
+@layouts("vllm").register("block")
+class BlockLayout(VLLMLayout):
+    """DFlash: speculators' DFlashSpeculator (see the module docstring). The speculators model type, the
+    algorithm and vLLM's method are the drafter's kind name."""
+
+    arch = "DFlashSpeculator"
+
+    def default_k(self, drafter) -> int:
+        return speculative_tokens(drafter)
+
+    def check_k(self, drafter, k: int) -> None:
+        most = speculative_tokens(drafter)
+        if k > most:
+            raise ValueError(f"--num-speculative-tokens {k} exceeds what one {drafter.kind} block drafts ({most} = "
+                             f"block_size {drafter.block_size} - anchor); pass --num-speculative-tokens <= {most} or "
+                             "retrain with a larger drafter.block_size")
+
+    def serve_command(self, out_dir: Path, loaded, opts) -> str:
+        self.method = loaded.drafter.kind
+        return super().serve_command(out_dir, loaded, opts)
+
+    def extra_config(self, drafter) -> dict:
+        return {}
+
+    def files(self, loaded, dtype, k, opts):
+        d, target = loaded.drafter, loaded.target
+        layer = {**llama_fields(d.layer_config, target.config, dtype), "model_type": "qwen3",
+                 "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": len(d.layers), "use_sliding_window": False}
+        config = {
+            "architectures": [self.arch],
+            "speculators_model_type": d.kind,
+            "speculators_version": SPECULATORS_VERSION,
+            "draft_vocab_size": int(d.d2t.shape[0]),
+            "block_size": d.block_size,
+            "target_hidden_size": target.hidden_size,
+            "aux_hidden_state_layer_ids": list(d.aux_layer_ids),
+            "mask_token_id": d.mask_token_id,
+            "sample_from_anchor": bool(getattr(d, "sample_from_anchor", False)),
+            "sliding_window_non_causal": False,
+            "transformer_layer_config": layer,
+            "speculators_config": speculators_config(loaded, opts, d.kind, k),
+            "torch_dtype": dtype_name(dtype),
+            "dtype": dtype_name(dtype),
+        }
+        config.update(self.extra_config(d))
+        tensors = cast_floats(d.state_dict_for_export(), dtype)
+        if full_vocab(d):
+            tensors.pop("d2t"), tensors.pop("t2d")
+        tensors["embed_tokens.weight"] = target.embed_tokens.weight.detach().to(dtype).cpu().contiguous()
+        return config, tensors
+
+    def required_config_keys(self) -> list[str]:
+        return ["architectures", "speculators_model_type", "draft_vocab_size", "block_size", "target_hidden_size",
+                "aux_hidden_state_layer_ids", "mask_token_id", "sample_from_anchor",
+                *(f"transformer_layer_config.{k}" for k in QWEN3_LAYER_KEYS),
+                "speculators_config.algorithm", "speculators_config.default_proposal_method",
+                "speculators_config.proposal_methods", "speculators_config.verifier.name_or_path", "torch_dtype"]
+
+    def expected_tensors(self, config: dict) -> dict[str, TensorSpec]:
+        dtype = DTYPES[config["torch_dtype"]]
+        lc = config["transformer_layer_config"]
+        h, inter, d = lc["hidden_size"], lc["intermediate_size"], lc["head_dim"]
+        H, KV, V, dv = lc["num_attention_heads"], lc["num_key_value_heads"], lc["vocab_size"], config["draft_vocab_size"]
+        n_aux = len(config["aux_hidden_state_layer_ids"])
+        spec = {"fc.weight": TensorSpec((h, n_aux * config["target_hidden_size"]), dtype),
+                "hidden_norm.weight": TensorSpec((h,), dtype), "norm.weight": TensorSpec((h,), dtype),
+                "lm_head.weight": TensorSpec((dv, h), dtype), "embed_tokens.weight": TensorSpec((V, h), dtype)}
+        for i in range(lc["num_hidden_layers"]):
+            p = f"layers.{i}."
+            spec.update({
+                p + "input_layernorm.weight": TensorSpec((h,), dtype),
+                p + "post_attention_layernorm.weight": TensorSpec((h,), dtype),
+                p + "self_attn.q_proj.weight": TensorSpec((H * d, h), dtype),
+                p + "self_attn.k_proj.weight": TensorSpec((KV * d, h), dtype),
+                p + "self_attn.v_proj.weight": TensorSpec((KV * d, h), dtype),
+                p + "self_attn.o_proj.weight": TensorSpec((h, H * d), dtype),
+                p + "self_attn.q_norm.weight": TensorSpec((d,), dtype),
+                p + "self_attn.k_norm.weight": TensorSpec((d,), dtype),
+                p + "mlp.gate_proj.weight": TensorSpec((inter, h), dtype),
+                p + "mlp.up_proj.weight": TensorSpec((inter, h), dtype),
+                p + "mlp.down_proj.weight": TensorSpec((h, inter), dtype),
+            })
+        if dv != V:
+            spec["d2t"] = TensorSpec((dv,), torch.int64)
+            spec["t2d"] = TensorSpec((V,), torch.bool)
+        return spec
+
+    def llama_fields(self, config: dict) -> dict | None:
+        return config.get("transformer_layer_config")
+
+    def check_format(self, export_dir: Path, config: dict, tensors: dict, loaded) -> list[str]:
+        d = loaded.drafter
+        want = {"architectures": [self.arch], "speculators_model_type": d.kind, "block_size": d.block_size,
+                "aux_hidden_state_layer_ids": list(d.aux_layer_ids), "mask_token_id": d.mask_token_id,
+                "sample_from_anchor": bool(getattr(d, "sample_from_anchor", False))}
+        problems = [f"config.json: {key} is {config.get(key)!r}, the trained drafter's is {value!r}"
+                    for key, value in want.items() if config.get(key) != value]
+        k = config["speculators_config"]["proposal_methods"][0].get("speculative_tokens") or 0
+        if not 1 <= k <= speculative_tokens(d):
+            problems.append(f"config.json: speculative_tokens {k} must lie in 1..{speculative_tokens(d)} (one block)")
+        problems += embedding_problems(tensors, loaded.target.embed_tokens, "the target's")
+        if "d2t" in tensors and not torch.equal(tensors["d2t"].long(), d.d2t.cpu()):
+            problems.append("model.safetensors: d2t differs from the mapping the drafter was trained with")
+        return problems
+
+    def load_back(self, export_dir: Path, loaded):
+        _, _, tensors = read_export(export_dir)
+        return load_plain(drafter_weights(tensors, loaded), loaded, str(export_dir))
+
+
+@layouts("vllm").register("dspark")
+class DSparkLayout(BlockLayout):
+    """DSpark: the block layout plus its Markov head and confidence head (speculators' DSparkSpeculator)."""
+
+    arch = "DSparkSpeculator"
+
+    def extra_config(self, drafter) -> dict:
+        return {"markov_rank": drafter.cfg.markov_rank, "markov_head_type": "vanilla", "enable_confidence_head": True,
+                "confidence_head_with_markov": True}
+
+    def required_config_keys(self) -> list[str]:
+        return [*super().required_config_keys(), "markov_rank", "markov_head_type", "enable_confidence_head",
+                "confidence_head_with_markov"]
+
+    def expected_tensors(self, config: dict) -> dict[str, TensorSpec]:
+        spec = super().expected_tensors(config)
+        dtype = DTYPES[config["torch_dtype"]]
+        h, V = config["transformer_layer_config"]["hidden_size"], config["transformer_layer_config"]["vocab_size"]
+        r, dv = config["markov_rank"], config["draft_vocab_size"]
+        spec.update({"markov_head.markov_w1.weight": TensorSpec((V, r), dtype),
+                     "markov_head.markov_w2.weight": TensorSpec((dv, r), dtype),
+                     "confidence_head.proj.weight": TensorSpec((1, h + r), dtype),
+                     "confidence_head.proj.bias": TensorSpec((1,), dtype)})
+        return spec
+
+
 # --------------------------------------------------------------------------- P-EAGLE
 # speculators.models.peagle: the EAGLE-3 layout (config keys, layers.0.*) plus speculators_model_type
 # "peagle", architectures ["PEagleSpeculator"], mask_token_id, embed_requires_grad true, and tensors
 # mask_hidden [1, 1, n*h] and embed_tokens (the drafter's own trained copy, not the target's). vLLM
 # (>= 0.16, PR 41826) maps speculators_model_type "peagle" onto method "eagle" with parallel_drafting.
-def peagle_config(eagle3_config: dict, loaded) -> dict:
-    d = loaded.drafter
-    config = {**eagle3_config, "architectures": ["PEagleSpeculator"], "speculators_model_type": "peagle",
-              "mask_token_id": d.mask_token_id, "embed_requires_grad": bool(d.cfg.train_embedding)}
-    config["speculators_config"] = {**config["speculators_config"], "algorithm": "peagle"}
-    return config
+@layouts("vllm").register("peagle")
+class PEagleLayout(Eagle3Layout):
+    method = None  # vLLM reads it from the speculators config
+    limit_option = "num_depths"
+    carries_vocab_map = False
 
+    def default_k(self, drafter) -> int:
+        return drafter.cfg.num_depths
 
-def peagle_tensors(loaded, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    tensors = cast_floats(loaded.drafter.state_dict_for_export(), dtype)
-    tensors = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in tensors.items()}
-    if full_vocab(loaded.drafter):
-        tensors.pop("d2t"), tensors.pop("t2d")
-    return tensors
+    def files(self, loaded, dtype, k, opts):
+        d = loaded.drafter
+        check_eagle3_aux_count(d.aux_layer_ids, "vLLM")
+        eagle3_config = super().files(loaded, dtype, k, opts)[0]
+        config = {**eagle3_config, "architectures": ["PEagleSpeculator"], "speculators_model_type": "peagle",
+                  "mask_token_id": d.mask_token_id, "embed_requires_grad": bool(d.cfg.train_embedding)}
+        config["speculators_config"] = {**config["speculators_config"], "algorithm": "peagle"}
+        tensors = cast_floats(d.state_dict_for_export(), dtype)
+        tensors = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in tensors.items()}
+        if full_vocab(d):
+            tensors.pop("d2t"), tensors.pop("t2d")
+        return config, tensors
 
+    def required_config_keys(self) -> list[str]:
+        return [*super().required_config_keys(), "mask_token_id"]
 
-def peagle_spec_extra(config: dict, dtype: torch.dtype) -> dict[str, TensorSpec]:
-    n_aux = len(config["eagle_aux_hidden_state_layer_ids"])
-    return {"mask_hidden": TensorSpec((1, 1, n_aux * config["target_hidden_size"]), dtype)}
+    def expected_tensors(self, config: dict) -> dict[str, TensorSpec]:
+        dtype = DTYPES[config["torch_dtype"]]
+        n_aux = len(config["eagle_aux_hidden_state_layer_ids"])
+        spec = {**super().expected_tensors(config),
+                "mask_hidden": TensorSpec((1, 1, n_aux * config["target_hidden_size"]), dtype)}
+        if config["draft_vocab_size"] == config["transformer_layer_config"]["vocab_size"]:
+            spec.pop("d2t"), spec.pop("t2d")
+        return spec
 
+    def check_format(self, export_dir: Path, config: dict, tensors: dict, loaded) -> list[str]:
+        d = loaded.drafter
+        problems = []
+        if config.get("mask_token_id") != d.mask_token_id:
+            problems.append(f"config.json: mask_token_id is {config.get('mask_token_id')!r}, the drafter was trained "
+                            f"with {d.mask_token_id}")
+        k = config["speculators_config"]["proposal_methods"][0].get("speculative_tokens") or 0
+        if not 1 <= k <= d.cfg.num_depths:
+            problems.append(f"config.json: speculative_tokens {k} must lie in 1..{d.cfg.num_depths} (the trained depths)")
+        return problems + embedding_problems(tensors, d.embed_tokens, "the drafter's own trained")
 
-def peagle_check(config: dict, tensors: dict, loaded) -> list[str]:
-    d = loaded.drafter
-    problems = []
-    if config.get("mask_token_id") != d.mask_token_id:
-        problems.append(f"config.json: mask_token_id is {config.get('mask_token_id')!r}, the drafter was trained with "
-                        f"{d.mask_token_id}")
-    k = config["speculators_config"]["proposal_methods"][0].get("speculative_tokens") or 0
-    if not 1 <= k <= d.cfg.num_depths:
-        problems.append(f"config.json: speculative_tokens {k} must lie in 1..{d.cfg.num_depths} (the trained depths)")
-    own = d.embed_tokens.weight.detach().cpu().to(tensors["embed_tokens.weight"].dtype)
-    if not torch.equal(tensors["embed_tokens.weight"], own):
-        problems.append("model.safetensors: embed_tokens.weight is not the drafter's own trained embedding")
-    return problems
+    def load_back(self, export_dir: Path, loaded):
+        _, _, tensors = read_export(export_dir)
+        weights = rename(drafter_weights(tensors, loaded, keep_embedding=True), "layers.0.", "midlayer.")
+        return load_plain(weights, loaded, str(export_dir))
+
+    def reference_drafter(self, loaded, dtype: torch.dtype):
+        return load_plain(cast_floats(loaded.drafter.state_dict_for_export(), dtype), loaded, "trained drafter")

@@ -1,10 +1,25 @@
-"""Drafter kinds: one file each, registered in DRAFTERS under their recipe name.
+"""Drafter kinds: one file each, registered in DRAFTERS (heads/base.py) under their recipe name.
 
-Importing a kind's module registers it, so the imports below must follow DRAFTERS."""
-from draftsmith.registry import Registry
+Importing this package imports every kind's module, which registers it. `refusals(config, kind)`
+says why a kind cannot serve a target (the kind's class answers; export.refusals adds the formats')."""
+from draftsmith.heads import dflash, draft_lm, dspark, eagle1, eagle3, medusa, mlp_speculator, peagle  # noqa: F401
+from draftsmith.heads.base import DRAFTERS
 
-DRAFTERS: Registry = Registry("drafter kind")
 
-# Each import registers one kind: "draft_lm", "eagle1", "eagle3", "medusa", "mlp_speculator", "dflash",
-# "dspark", "peagle".
-from draftsmith.heads import dflash, draft_lm, dspark, eagle1, eagle3, medusa, mlp_speculator, peagle  # noqa: E402,F401
+def refusals(config, kind: str) -> list[str]:
+    """Why drafter kind `kind` cannot serve a target of transformers `config`; [] when it can. Each reason
+    names the unsupported feature and what to do instead."""
+    from draftsmith.archs import config_refusals
+
+    if kind not in DRAFTERS:
+        return [f"drafter kind {kind!r} is unknown (known: {DRAFTERS.names()})"]
+    return config_refusals(config) or DRAFTERS.get(kind).refusals(config)
+
+
+def check_for_training(target, kind: str) -> None:
+    """`draftsmith train`'s check before loading data: the refusals `draftsmith inspect` prints, as one error."""
+    reasons = refusals(target.config, kind)
+    if reasons:
+        raise ValueError(f"drafter.kind {kind!r} cannot train for target {target.name} "
+                         f"({target.config.model_type}): " + "; ".join(reasons)
+                         + f" (see `draftsmith inspect {target.path}`)")

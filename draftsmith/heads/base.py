@@ -19,6 +19,12 @@ from typing import Any, ClassVar, Optional, Protocol
 import torch
 from torch import nn
 
+from draftsmith.registry import Registry
+
+# Every drafter kind, registered under its recipe name (`@DRAFTERS.register("eagle3")`); heads/__init__.py
+# imports each kind's module so that the registry is full once draftsmith.heads is imported.
+DRAFTERS: Registry = Registry("drafter kind")
+
 
 @dataclass
 class StepOutput:
@@ -123,6 +129,41 @@ class Drafter(nn.Module):
     kind: ClassVar[str] = ""
     Config: ClassVar[type]
     required_features: ClassVar[frozenset[str]] = frozenset()
+    # The facts other code asks about a kind (inspect, validate, the matrix, export), answered here so
+    # that adding a kind is its own file: nothing outside heads/ lists kinds or switches on them.
+    # True when one forward drafts a whole block of tokens (DFlash, DSpark, P-EAGLE), not token by token.
+    drafts_block: ClassVar[bool] = False
+    # True when the drafter runs its own attention layer with the target's rope (archs.draft_rope): a rope
+    # type that layer does not implement refuses the kind (refusals()).
+    uses_draft_rope: ClassVar[bool] = False
+    # Small options for the architecture matrix (matrix.py) and other smoke runs: one cell trains, drafts
+    # and exports in well under a second on one CPU thread.
+    tiny_options: ClassVar[dict] = {}
+    # Export format -> the layout registered under that format's exporter for this kind (export/):
+    # e.g. {"vllm": "block"} for the block drafters. A format not named here does not take the kind.
+    export_layouts: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def refusals(cls, config) -> list[str]:
+        """Why this kind cannot serve a target of transformers `config` ([] when it can): the kind's own
+        facts; `draftsmith.support.refusals` adds what every kind and each export layout refuses."""
+        from draftsmith.archs import draft_rope_refusals
+
+        return draft_rope_refusals(config) if cls.uses_draft_rope else []
+
+    @classmethod
+    def cached_hidden_widths(cls, cfg, target) -> int:
+        """Hidden values per token the offline feature cache stores for this kind with options `cfg`:
+        one hidden state per aux layer it reads, plus the last hidden state when it reads the target's
+        logits (replayed from it) or that state itself. `target` needs num_layers and hidden_size."""
+        required = set(cls.required_features)
+        blocks = len(cls.feature_layers_for(cfg, target)) if "aux_hidden_states" in required else 0
+        blocks += 1 if required & {"last_hidden_state", "target_logits"} else 0
+        return blocks * target.hidden_size
+
+    def max_draft_tokens(self) -> int | None:
+        """The most tokens one proposal can hold (heads, stages or one block's drafts); None: no limit."""
+        return None
 
     @classmethod
     def from_target(cls, cfg, target, token_counts: torch.Tensor | None = None) -> "Drafter":

@@ -39,10 +39,9 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
 
-from draftsmith.archs import default_aux_layer_ids
-from draftsmith.heads import DRAFTERS
-from draftsmith.heads.base import Draft, Drafter, StepOutput, range_problems
+from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.draft_layer import draft_layer_config, rotary
+from draftsmith.heads.shared import Frozen, aux_layer_problems, draft_vocabulary, resolve_aux_layer_ids
 from draftsmith.sampling import logits_to_probs, sample
 
 
@@ -137,7 +136,7 @@ class BlockDrafting:
         self.lm_head = nn.Linear(h, draft_vocab_size, bias=False)
         self.lm_head.weight.requires_grad_(cfg.train_lm_head)
         self.rotary = rotary(layer_config)
-        self.embed_tokens = [embed_tokens]  # a list hides the shared frozen module from parameters()/state_dict()
+        self.embed_tokens = Frozen(embed_tokens)  # the target's: not a parameter, not in state_dict
         self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(target_vocab_size, dtype=torch.bool))
 
@@ -166,20 +165,10 @@ class BlockDrafting:
     @classmethod
     def build_parts(cls, cfg, target, token_counts):
         """Shared by from_target of dflash and dspark: (layer config, aux ids, d2t, t2d, mask id)."""
-        from draftsmith.data import draft_vocab
-
         cls.check_options(cfg, target)
         aux = cls.feature_layers_for(cfg, target)
-        bad = [i for i in aux if not 0 <= i < target.num_layers]
-        if bad:
-            raise ValueError(f"drafter.aux_layer_ids {aux}: ids must lie in 0..{target.num_layers - 1} for this target")
         layer_cfg = draft_layer_config(target.config, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size)
-        V = target.vocab_size
-        dv = cfg.draft_vocab_size or V
-        if dv > V:
-            raise ValueError(f"drafter.draft_vocab_size {dv} exceeds the target vocabulary ({V})")
-        counts = token_counts if token_counts is not None else torch.zeros(V, dtype=torch.long)
-        d2t, t2d = draft_vocab.build(counts, dv)
+        d2t, t2d = draft_vocabulary(cfg.draft_vocab_size, target.vocab_size, token_counts)
         return layer_cfg, aux, d2t, t2d, cls.resolve_mask_token(cfg, target)
 
     @classmethod
@@ -197,7 +186,7 @@ class BlockDrafting:
 
     @classmethod
     def feature_layers_for(cls, cfg, target) -> list[int]:
-        return list(cfg.aux_layer_ids or default_aux_layer_ids(target.num_layers))
+        return resolve_aux_layer_ids(cfg.aux_layer_ids, target.num_layers)
 
     def draft_ids(self) -> torch.Tensor:
         """[dv] target ids of the draft vocabulary."""
@@ -329,13 +318,17 @@ class BlockConfig:
         return range_problems(self, {"block_size": ">= 2", "num_layers": ">= 1", "num_anchors": ">= 1",
                                      "loss_decay_gamma": "> 0", "mask_token_id": ">= 0", "draft_vocab_size": ">= 2",
                                      "num_heads": ">= 1", "num_kv_heads": ">= 1", "intermediate_size": ">= 1",
-                                     "aux_layer_ids": ">= 0"})
+                                     "aux_layer_ids": ">= 0"}) + aux_layer_problems(self.aux_layer_ids)
 
 
 # --------------------------------------------------------------------------- the drafter
 @DRAFTERS.register("dflash")
 class DFlashDrafter(BlockDrafting, Drafter):
     kind = "dflash"
+    drafts_block = True
+    uses_draft_rope = True
+    tiny_options = {"block_size": 4, "num_layers": 1, "num_anchors": 4}  # one forward drafts 3
+    export_layouts = {"vllm": "block"}
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "aux_hidden_states", "target_logits"})
 
     @dataclass

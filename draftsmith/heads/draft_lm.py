@@ -29,8 +29,9 @@ from typing import Any, Literal, Optional, Union
 import torch
 
 from draftsmith import packing
-from draftsmith.heads import DRAFTERS, divergences
-from draftsmith.heads.base import Draft, Drafter, FedNodes, LoraOptions, StepOutput, range_problems
+from draftsmith.heads import divergences
+from draftsmith.heads.base import DRAFTERS, Draft, Drafter, FedNodes, LoraOptions, StepOutput, range_problems
+from draftsmith.heads.shared import Frozen
 from draftsmith.sampling import SamplingParams, logits_to_probs, sample
 from draftsmith.target import Target
 
@@ -41,6 +42,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 @DRAFTERS.register("draft_lm")
 class DraftLMDrafter(Drafter):
     kind = "draft_lm"
+    tiny_options = {"init": "shrink", "shrink_layers": 1}
+    export_layouts = {"hf": "draft_lm"}
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "target_logits"})
 
     @dataclass
@@ -104,7 +107,7 @@ class DraftLMDrafter(Drafter):
         super().__init__()
         self.cfg = cfg
         self.model = model  # the HF causal LM, or a peft model wrapping it (LoRA)
-        self.target_ref = [target]  # a list hides the frozen target from parameters()/state_dict()
+        self.target_ref = Frozen(target)  # the frozen target: not a parameter, not in state_dict
         self.weights = divergences.parse_weights(cfg.divergence)
         self.common_vocab = min(target.vocab_size, model.get_output_embeddings().weight.shape[0])
         if cfg.on_policy_fraction >= 1.0:  # every row is resampled: the loop need not compute target_logits

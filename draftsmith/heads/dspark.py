@@ -26,8 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from draftsmith.heads import DRAFTERS
-from draftsmith.heads.base import Draft, Drafter, StepOutput, range_problems
+from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.dflash import BlockConfig, BlockDrafting, BlockProposer, slot_metrics
 from draftsmith.sampling import sample
 
@@ -55,6 +54,10 @@ class ConfidenceHead(nn.Module):
 @DRAFTERS.register("dspark")
 class DSparkDrafter(BlockDrafting, Drafter):
     kind = "dspark"
+    drafts_block = True
+    uses_draft_rope = True
+    tiny_options = {"block_size": 3, "num_layers": 1, "num_anchors": 4, "markov_rank": 8}
+    export_layouts = {"vllm": "dspark"}
     sample_from_anchor = True
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "aux_hidden_states", "target_logits"})
 

@@ -26,15 +26,17 @@ import torch
 from torch import nn
 
 from draftsmith import packing
-from draftsmith.heads import DRAFTERS
-from draftsmith.heads.base import Draft, Drafter, FedNodes, StepOutput, range_problems
+from draftsmith.heads.base import DRAFTERS, Draft, Drafter, FedNodes, StepOutput, range_problems
 from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, rotary
+from draftsmith.heads.shared import Frozen
 from draftsmith.sampling import logits_to_probs, sample
 
 
 @DRAFTERS.register("eagle1")
 class Eagle1Drafter(Drafter):
     kind = "eagle1"
+    uses_draft_rope = True
+    tiny_options = {}
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "last_hidden_state", "target_logits"})
 
     @dataclass
@@ -68,8 +70,8 @@ class Eagle1Drafter(Drafter):
         self.fc = nn.Linear(2 * h, h, bias=True)
         self.layers = nn.ModuleList([DraftDecoderLayer(layer_config, input_size=h)])
         self.rotary = rotary(layer_config)
-        self.embed_tokens = [embed_tokens]  # lists hide the shared frozen modules from parameters()/state_dict()
-        self.lm_head = [lm_head]
+        self.embed_tokens = Frozen(embed_tokens)  # the target's frozen modules: not parameters, not in state_dict
+        self.lm_head = Frozen(lm_head)
 
     @classmethod
     def from_target(cls, cfg, target, token_counts=None) -> "Eagle1Drafter":

@@ -28,16 +28,20 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from draftsmith import packing
-from draftsmith.archs import default_aux_layer_ids
-from draftsmith.heads import DRAFTERS, vocab_loss
-from draftsmith.heads.base import Draft, Drafter, FedNodes, StepOutput, range_problems
+from draftsmith.heads import vocab_loss
+from draftsmith.heads.base import DRAFTERS, Draft, Drafter, FedNodes, StepOutput, range_problems
 from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, rotary
+from draftsmith.heads.shared import Frozen, aux_layer_problems, draft_vocabulary, resolve_aux_layer_ids
 from draftsmith.sampling import logits_to_probs, sample
 
 
 @DRAFTERS.register("eagle3")
 class Eagle3Drafter(Drafter):
     kind = "eagle3"
+    drafts_block = False
+    uses_draft_rope = True
+    tiny_options = {"ttt_steps": 2, "draft_vocab_size": 128}
+    export_layouts = {"vllm": "eagle3", "sglang": "eagle3", "trtllm": "eagle3"}
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "aux_hidden_states", "target_logits"})
 
     @dataclass
@@ -93,8 +97,7 @@ class Eagle3Drafter(Drafter):
                                         "num_heads": ">= 1", "num_kv_heads": ">= 1", "intermediate_size": ">= 1",
                                         "aux_layer_ids": ">= 0", "hard_label_weight": ">= 0 and <= 1",
                                         "init_std": "> 0", "feature_noise": ">= 0", "loss_chunk": ">= 1"})
-            if self.aux_layer_ids is not None and not self.aux_layer_ids:
-                out.append("drafter.aux_layer_ids: give at least one target layer id (or null for low/mid/high)")
+            out += aux_layer_problems(self.aux_layer_ids)
             if self.freeze_lm_head and self.lm_head_init != "target":
                 out.append("drafter.freeze_lm_head needs drafter.lm_head_init=target (a frozen random head learns nothing)")
             return out
@@ -116,7 +119,7 @@ class Eagle3Drafter(Drafter):
         self.norm = LlamaRMSNorm(h, eps=eps)
         self.lm_head = nn.Linear(h, draft_vocab_size, bias=False)
         self.rotary = rotary(layer_config)
-        self.embed_tokens = [embed_tokens]  # a list hides the shared frozen module from parameters()/state_dict()
+        self.embed_tokens = Frozen(embed_tokens)  # the target's: not a parameter, not in state_dict
         self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(target_vocab_size, dtype=torch.bool))
         if cfg.init_std is not None:
@@ -127,21 +130,11 @@ class Eagle3Drafter(Drafter):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_target(cls, cfg, target, token_counts=None) -> "Eagle3Drafter":
-        from draftsmith.data import draft_vocab
-
         aux = cls.feature_layers_for(cfg, target)
-        bad = [i for i in aux if not 0 <= i <= target.num_layers]
-        if bad:
-            raise ValueError(f"drafter.aux_layer_ids {aux}: ids must lie in 0..{target.num_layers} for this target "
-                             f"({target.num_layers} = the final, post-norm hidden state)")
         layer_cfg = draft_layer_config(target.config, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size)
         V = target.vocab_size
-        dv = cfg.draft_vocab_size or V
-        if dv > V:
-            raise ValueError(f"drafter.draft_vocab_size {dv} exceeds the target vocabulary ({V})")
-        counts = token_counts if token_counts is not None else torch.zeros(V, dtype=torch.long)
-        d2t, t2d = draft_vocab.build(counts, dv)
-        drafter = cls(cfg, layer_cfg, aux, dv, V, target.embed_tokens)
+        d2t, t2d = draft_vocabulary(cfg.draft_vocab_size, V, token_counts)
+        drafter = cls(cfg, layer_cfg, aux, d2t.shape[0], V, target.embed_tokens)
         drafter.d2t.copy_(d2t)
         drafter.t2d.copy_(t2d)
         if cfg.lm_head_init == "target":
@@ -152,7 +145,7 @@ class Eagle3Drafter(Drafter):
 
     @classmethod
     def feature_layers_for(cls, cfg, target) -> list[int]:
-        return list(cfg.aux_layer_ids or default_aux_layer_ids(target.num_layers))
+        return resolve_aux_layer_ids(cfg.aux_layer_ids, target.num_layers)
 
     def draft_ids(self) -> torch.Tensor:
         """[dv] target ids of the draft vocabulary."""

@@ -43,8 +43,8 @@ import torch
 from torch import nn
 
 from draftsmith import packing
-from draftsmith.heads import DRAFTERS
-from draftsmith.heads.base import Draft, Drafter, StepOutput, range_problems
+from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
+from draftsmith.heads.shared import Frozen
 from draftsmith.sampling import logits_to_probs, sample
 
 
@@ -75,6 +75,8 @@ def shared_weight_copy(model: nn.Module) -> nn.Module:
 @DRAFTERS.register("medusa")
 class MedusaDrafter(Drafter):
     kind = "medusa"
+    tiny_options = {"num_heads": 2}
+    export_layouts = {"vllm": "medusa"}
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "last_hidden_state", "target_logits"})
 
     @dataclass
@@ -163,8 +165,8 @@ class MedusaDrafter(Drafter):
                     for layer in block.layers:
                         layer.weight.normal_(0.0, cfg.block_init_std)
         self.lm_heads = nn.ModuleList([nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(cfg.num_heads)])
-        self.adapted: list = []  # Medusa-2: [peft model] (a list hides the target view from state_dict)
-        self.teacher: list = []  # greedy_chain_labels: [the frozen target] (hidden from state_dict likewise)
+        self.adapted: Frozen | None = None  # Medusa-2: the peft model (its LoRA weights are registered as self.lora)
+        self.teacher: Frozen | None = None  # greedy_chain_labels: the frozen target
         if cfg.lora:
             self.required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "target_logits"})
 
@@ -180,7 +182,7 @@ class MedusaDrafter(Drafter):
             head.weight.requires_grad_(not cfg.freeze_lm_head)
         drafter = drafter.to(device=target.device)
         if cfg.greedy_chain_labels:
-            drafter.teacher = [target]
+            drafter.teacher = Frozen(target)
         if cfg.lora:
             drafter.attach_lora(target)
         return drafter
@@ -199,7 +201,10 @@ class MedusaDrafter(Drafter):
         if not trainable:
             raise ValueError(f"drafter.lora_target_modules {c.lora_target_modules} matched no module of the target")
         self.lora = nn.ParameterDict(trainable)
-        self.adapted = [model]
+        self.adapted = Frozen(model)
+
+    def max_draft_tokens(self) -> int:
+        return self.cfg.num_heads  # one token per head
 
     def save_adapter(self, path) -> None:
         """Write the Medusa-2 LoRA adapter as a standard peft adapter directory."""

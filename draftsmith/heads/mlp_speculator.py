@@ -29,8 +29,7 @@ import torch
 from torch import nn
 
 from draftsmith import packing
-from draftsmith.heads import DRAFTERS
-from draftsmith.heads.base import Draft, Drafter, StepOutput, range_problems
+from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
 from draftsmith.sampling import logits_to_probs, sample
 
 
@@ -53,6 +52,8 @@ class SpeculatorNorm(nn.Module):
 @DRAFTERS.register("mlp_speculator")
 class MLPSpeculatorDrafter(Drafter):
     kind = "mlp_speculator"
+    tiny_options = {"n_predict": 2}
+    export_layouts = {"vllm": "mlp_speculator"}
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "last_hidden_state", "target_logits"})
 
     @dataclass
@@ -96,6 +97,9 @@ class MLPSpeculatorDrafter(Drafter):
         self.act = nn.GELU()
         for module in [*self.emb, *self.proj, *self.head]:  # the paper's init: N(0, 1/sqrt(d))
             nn.init.normal_(module.weight, std=1 / math.sqrt(d))
+
+    def max_draft_tokens(self) -> int:
+        return self.cfg.n_predict  # one token per stage
 
     @classmethod
     def from_target(cls, cfg, target, token_counts=None) -> "MLPSpeculatorDrafter":

@@ -27,16 +27,19 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from draftsmith.archs import default_aux_layer_ids
-from draftsmith.heads import DRAFTERS
-from draftsmith.heads.base import Draft, Drafter, StepOutput, range_problems
+from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, rotary
+from draftsmith.heads.shared import aux_layer_problems, draft_vocabulary, resolve_aux_layer_ids
 from draftsmith.sampling import logits_to_probs, sample
 
 
 @DRAFTERS.register("peagle")
 class PEagleDrafter(Drafter):
     kind = "peagle"
+    drafts_block = True
+    uses_draft_rope = True
+    tiny_options = {"num_depths": 3}
+    export_layouts = {"vllm": "peagle"}
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "aux_hidden_states", "target_logits"})
 
     @dataclass
@@ -61,7 +64,7 @@ class PEagleDrafter(Drafter):
 
         def problems(self) -> list[str]:
             """Ranges `config.load` and `draftsmith validate` report (one message per bad option)."""
-            return range_problems(self, {"num_depths": ">= 1", "down_sample_ratio": "> 0 and <= 1", "down_sample_ratio_min": "> 0 and <= 1", "mask_token_id": ">= 0", "draft_vocab_size": ">= 2", "num_heads": ">= 1", "num_kv_heads": ">= 1", "intermediate_size": ">= 1", "aux_layer_ids": ">= 0"})
+            return range_problems(self, {"num_depths": ">= 1", "down_sample_ratio": "> 0 and <= 1", "down_sample_ratio_min": "> 0 and <= 1", "mask_token_id": ">= 0", "draft_vocab_size": ">= 2", "num_heads": ">= 1", "num_kv_heads": ">= 1", "intermediate_size": ">= 1", "aux_layer_ids": ">= 0"}) + aux_layer_problems(self.aux_layer_ids)
 
     def __init__(self, cfg, layer_config, aux_layer_ids: list[int], draft_vocab_size: int, target_vocab_size: int,
                  mask_token_id: int):
@@ -91,7 +94,6 @@ class PEagleDrafter(Drafter):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_target(cls, cfg, target, token_counts=None) -> "PEagleDrafter":
-        from draftsmith.data import draft_vocab
         from draftsmith.heads.dflash import DFlashDrafter
 
         if cfg.num_depths < 1:
@@ -100,18 +102,11 @@ class PEagleDrafter(Drafter):
             raise ValueError(f"drafter.down_sample_ratio {cfg.down_sample_ratio} / down_sample_ratio_min "
                              f"{cfg.down_sample_ratio_min}: need 0 < min <= ratio <= 1")
         aux = cls.feature_layers_for(cfg, target)
-        bad = [i for i in aux if not 0 <= i < target.num_layers]
-        if bad:
-            raise ValueError(f"drafter.aux_layer_ids {aux}: ids must lie in 0..{target.num_layers - 1} for this target")
         layer_cfg = draft_layer_config(target.config, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size)
         V = target.vocab_size
-        dv = cfg.draft_vocab_size or V
-        if dv > V:
-            raise ValueError(f"drafter.draft_vocab_size {dv} exceeds the target vocabulary ({V})")
-        counts = token_counts if token_counts is not None else torch.zeros(V, dtype=torch.long)
-        d2t, t2d = draft_vocab.build(counts, dv)
+        d2t, t2d = draft_vocabulary(cfg.draft_vocab_size, V, token_counts)
         mask = DFlashDrafter.resolve_mask_token(cfg, target)
-        drafter = cls(cfg, layer_cfg, aux, dv, V, mask)
+        drafter = cls(cfg, layer_cfg, aux, d2t.shape[0], V, mask)
         with torch.no_grad():
             drafter.d2t.copy_(d2t)
             drafter.t2d.copy_(t2d)
@@ -121,7 +116,7 @@ class PEagleDrafter(Drafter):
 
     @classmethod
     def feature_layers_for(cls, cfg, target) -> list[int]:
-        return list(cfg.aux_layer_ids or default_aux_layer_ids(target.num_layers))
+        return resolve_aux_layer_ids(cfg.aux_layer_ids, target.num_layers)
 
     def draft_ids(self) -> torch.Tensor:
         return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t

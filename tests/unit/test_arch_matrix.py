@@ -14,6 +14,8 @@ import pytest
 
 from draftsmith import archs, matrix
 from draftsmith.export import formats_for as export_formats_for
+from draftsmith.export import refusals
+from draftsmith.heads import DRAFTERS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "targets.md"
 
@@ -48,7 +50,7 @@ def test_matrix_row(arch, tmp_path):
                 archs.TINY[arch][1]()).model_type
             if c.kind == "draft_lm":  # the target's own architecture: soft-caps and windows carried as they are
                 assert not archs.carried_field_problems(config, archs.TINY[arch][1]())
-            elif c.kind in ("eagle3", *archs.BLOCK_KINDS):  # the draft layer's rope: the target's schedule, never a fallback
+            elif DRAFTERS.get(c.kind).uses_draft_rope:  # the draft layer's rope: the target's schedule, never a fallback
                 llama = config.get("transformer_layer_config", config)
                 rope = llama.get("rope_parameters") or llama.get("rope_scaling") or {}  # TRT-LLM: rope_scaling only
                 assert rope.get("rope_type", "default") == archs.draft_rope(archs.TINY[arch][1]()).get("rope_type"), (fmt, rope)
@@ -60,11 +62,11 @@ def test_matrix_row(arch, tmp_path):
 def test_named_refusals_happen_at_config_time():
     two_layer = archs.TINY["llama3"][1]()
     two_layer.num_hidden_layers = 2
-    reasons = archs.refusals(two_layer, "eagle3", "sglang")
+    reasons = refusals(two_layer, "eagle3", "sglang")
     assert len(reasons) == 1 and re.search(r"sglang: aux layer ids.*include 0", reasons[0])
-    assert archs.refusals(two_layer, "eagle3", "vllm") == []
+    assert refusals(two_layer, "eagle3", "vllm") == []
     assert export_formats_for("eagle1") == [] and "vllm" in export_formats_for("medusa")  # no engine loads EAGLE-1 files
-    assert "unknown" in archs.refusals(two_layer, "no_such_kind")[0]
+    assert "unknown" in refusals(two_layer, "no_such_kind")[0]
 
 
 def test_draft_rope_flattens_per_layer_type_and_drops_partial_rotary():

@@ -9,6 +9,7 @@ import pytest
 
 from draftsmith import archs, config, testing
 from draftsmith.cli import main as cli_main
+from draftsmith.heads import DRAFTERS
 from draftsmith.train.loop import Trainer
 
 
@@ -28,8 +29,10 @@ def test_inspect_reports_a_gemma2_target(gemma2_dir, capsys):
     assert rep["chat_template"] is True and rep["eos_ids"] == [2]
     assert rep["default_aux_layers"] == [1, 2, 3]
     assert "logit soft-cap 0.5" in rep["features"] and any(f.startswith("embedding scale") for f in rep["features"])
-    # EAGLE-3 caches 3 aux layers: 3 * 32 values, 2 bytes each in bf16, + 5 bytes of ids and mask
-    assert rep["feature_bytes_per_token"]["eagle3"] == {"float32": 389, "bfloat16": 197, "float16": 197}
+    # EAGLE-3 caches 3 aux layers and the last hidden state (its target_logits are replayed from it):
+    # 4 * 32 values, 2 bytes each in bf16, + 5 bytes of ids and mask
+    assert rep["feature_bytes_per_token"]["eagle3"] == {"float32": 517, "bfloat16": 261, "float16": 261}
+    assert set(rep["feature_bytes_per_token"]) == set(DRAFTERS.names())
     assert rep["kinds"]["eagle3"] == {"refusals": [], "formats": {"sglang": [], "trtllm": [], "vllm": []}}
     assert rep["kinds"]["draft_lm"]["formats"] == {"hf": []}
     assert cli_main(["inspect", str(gemma2_dir)]) == 0
@@ -64,3 +67,23 @@ def test_train_refuses_an_unsupported_target_before_reading_data(tmp_path):
                             "logging": {"progress_bar": False, "report_to": []}})
     with pytest.raises(ValueError, match="rope_type 'mystery'.*draftsmith inspect"):
         Trainer(cfg, target)
+
+
+def test_inspect_cache_bytes_equal_what_prepare_predicts_for_every_kind(gemma2_dir, capsys):
+    """inspect's bytes per token are the feature cache's own prediction (data/feature_cache.predict_bytes,
+    which `draftsmith prepare --features --dry-run` prints) for every kind, aux-reading ones included:
+    dflash, dspark and peagle read 3 aux layers too (inspect used to count them as 1 hidden state)."""
+    from draftsmith.archs import default_aux_layer_ids
+    from draftsmith.data import feature_cache
+
+    assert cli_main(["inspect", str(gemma2_dir), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    layers = default_aux_layer_ids(rep["num_layers"])
+    for kind in DRAFTERS.names():
+        cls = DRAFTERS.get(kind)
+        features = feature_cache.cache_features(cls.required_features)
+        n_aux = len(layers) if "aux_hidden_states" in features else 0
+        for dtype in ("float32", "bfloat16"):
+            want = feature_cache.predict_bytes(1, 0, features, n_aux, rep["hidden_size"], dtype)["per_token"]
+            assert rep["feature_bytes_per_token"][kind][dtype] == want, (kind, dtype)
+    assert rep["feature_bytes_per_token"]["dflash"]["bfloat16"] == 4 * 32 * 2 + 5  # 3 aux layers + last hidden
