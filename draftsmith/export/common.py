@@ -88,6 +88,9 @@ class Layout:
     # validate.py checks d2t/t2d of the files against the trained drafter's mapping
     carries_vocab_map: ClassVar[bool] = False
 
+    def __init__(self, name: str, engine: str):
+        self.name, self.engine = name, engine  # the format's --to name and its engine (sidecar, messages)
+
     def refusals(self, target_config) -> list[str]:
         """Why this layout cannot serve a target of transformers `target_config` (inspect, the matrix)."""
         return []
@@ -134,7 +137,7 @@ class Exporter:
         name = DRAFTERS.get(kind).export_layouts.get(self.name)
         if name is None:
             raise ValueError(f"--to {self.name} does not take {kind} drafters (it takes {list(self.kinds)})")
-        return layouts(self.name).get(name)()
+        return layouts(self.name).get(name)(self.name, self.engine)
 
     def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:
         """The files of this format for a loaded checkpoint (out_dir: the final directory)."""

@@ -107,7 +107,7 @@ class VLLMLayout(Layout):
         k = num_tokens(loaded, opts, self.default_k(loaded.drafter))
         self.check_k(loaded.drafter, k)
         config, tensors = self.files(loaded, dtype, k, opts)
-        side = sidecar(loaded, "vllm", "vLLM", opts, {"num_speculative_tokens": k})
+        side = sidecar(loaded, self.name, self.engine, opts, {"num_speculative_tokens": k})
         return ExportFiles(config=config, tensors=tensors, sidecar=side)
 
     def load_back(self, export_dir: Path, loaded):

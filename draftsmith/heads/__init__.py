@@ -16,10 +16,13 @@ def refusals(config, kind: str) -> list[str]:
     return config_refusals(config) or DRAFTERS.get(kind).refusals(config)
 
 
-def check_for_training(target, kind: str) -> None:
-    """`draftsmith train`'s check before loading data: the refusals `draftsmith inspect` prints, as one error."""
+def check_for_training(target, kind: str, options=None) -> None:
+    """`draftsmith train`'s check before loading data: the refusals `draftsmith inspect` prints, as one error;
+    then the drafter's options against this target (options: the kind's Config; aux layer ids in range)."""
     reasons = refusals(target.config, kind)
     if reasons:
         raise ValueError(f"drafter.kind {kind!r} cannot train for target {target.name} "
                          f"({target.config.model_type}): " + "; ".join(reasons)
                          + f" (see `draftsmith inspect {target.path}`)")
+    if options is not None:
+        DRAFTERS.get(kind).feature_layers_for(options, target)  # raises one line naming drafter.aux_layer_ids

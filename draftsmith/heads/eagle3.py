@@ -130,7 +130,9 @@ class Eagle3Drafter(Drafter):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_target(cls, cfg, target, token_counts=None) -> "Eagle3Drafter":
-        aux = cls.feature_layers_for(cfg, target)
+        # A checkpoint may predate the aux rule (id == num_layers was accepted then): rebuild it as trained.
+        # Training refuses such ids before it gets here (heads.check_for_training -> feature_layers_for).
+        aux = resolve_aux_layer_ids(cfg.aux_layer_ids, target.num_layers, saved_before_the_rule=True)
         layer_cfg = draft_layer_config(target.config, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size)
         V = target.vocab_size
         d2t, t2d = draft_vocabulary(cfg.draft_vocab_size, V, token_counts)

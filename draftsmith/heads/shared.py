@@ -36,15 +36,20 @@ def aux_layer_problems(ids: Optional[list[int]], where: str = WHERE) -> list[str
     return []
 
 
-def resolve_aux_layer_ids(ids: Optional[list[int]], num_layers: int, where: str = WHERE) -> list[int]:
+def resolve_aux_layer_ids(ids: Optional[list[int]], num_layers: int, where: str = WHERE,
+                          saved_before_the_rule: bool = False) -> list[int]:
     """The layer ids a drafter reads for a target of `num_layers` layers: the given ones, checked, or
-    EAGLE-3's low/mid/high default. One rule for every kind: unique, ascending, 0 <= id < num_layers."""
+    EAGLE-3's low/mid/high default. One rule for every kind: unique, ascending, 0 <= id < num_layers.
+
+    saved_before_the_rule: an EAGLE-3 checkpoint trained when id == num_layers (the final post-norm
+    state) was still accepted is rebuilt as it was trained (it loads and evaluates; export refuses it)."""
     if ids is None:
         return default_aux_layer_ids(num_layers)
     problems = aux_layer_problems(ids, where)
     if problems:
         raise ValueError(problems[0])
-    bad = [i for i in ids if not 0 <= i < num_layers]
+    top = num_layers + 1 if saved_before_the_rule else num_layers
+    bad = [i for i in ids if not 0 <= i < top]
     if bad:
         raise ValueError(f"{where} {list(ids)}: ids must lie in 0..{num_layers - 1} for this {num_layers}-layer target "
                          f"(id i is the input of decoder layer i; {num_layers} would be the final, post-norm state, "

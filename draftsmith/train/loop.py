@@ -167,9 +167,9 @@ class Trainer:
                 parallel.shard_target(self.ctx, self.target)
         from draftsmith.heads import check_for_training
 
-        check_for_training(self.target, cfg.drafter.kind)  # `draftsmith inspect`'s refusals, before any data
         drafter_cls = DRAFTERS.get(cfg.drafter.kind)
         options = config_mod.drafter_options(cfg)
+        check_for_training(self.target, cfg.drafter.kind, options)  # `draftsmith inspect`'s refusals, before any data
         self.train_set, self.heldout, counts = load_data(cfg, self.target, drafter_cls, options, self.ctx, api_key_env)
         if cfg.data.pack_length:  # several documents per row (counts above are per document, unchanged)
             from draftsmith.packing import PackedDataset
