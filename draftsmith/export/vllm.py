@@ -110,6 +110,9 @@ class VLLMLayout(Layout):
         side = sidecar(loaded, self.name, self.engine, opts, {"num_speculative_tokens": k})
         return ExportFiles(config=config, tensors=tensors, sidecar=side)
 
+    def llama_fields(self, config: dict) -> dict | None:
+        return None  # no draft attention layer (Medusa, MLP speculator); the speculators layouts override
+
     def load_back(self, export_dir: Path, loaded):
         _, _, tensors = read_export(export_dir)
         return load_plain(tensors, loaded, str(export_dir))
@@ -285,9 +288,6 @@ class MedusaLayout(VLLMLayout):
                     spec[f"blocks.{i}.layers.{j}.bias"] = TensorSpec((h,), dtype)
             spec[f"lm_heads.{i}.weight"] = TensorSpec((V, h), dtype)
         return spec
-
-    def llama_fields(self, config: dict) -> dict | None:
-        return None
 
     def check_format(self, export_dir: Path, config: dict, tensors: dict, loaded) -> list[str]:
         return check_medusa(export_dir, config, loaded)

@@ -13,6 +13,7 @@ from draftsmith.eval.loop import LoopConfig, generate, slice_output
 from draftsmith.heads.dflash import DFlashDrafter
 from draftsmith.sampling import SamplingParams
 from draftsmith.testing import tiny_target
+from tests.helpers import batch_for
 
 
 def make(block_size=4, num_layers=2, draft_vocab_size=100, num_anchors=4, seed=0):
@@ -27,15 +28,6 @@ def make(block_size=4, num_layers=2, draft_vocab_size=100, num_anchors=4, seed=0
             p.add_(0.05 * torch.randn_like(p))
     return target, drafter
 
-
-def batch_for(target, drafter, b=2, s=12, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, target.vocab_size, (b, s), generator=g)
-    attention = torch.ones(b, s, dtype=torch.long)
-    attention[1, -3:] = 0  # right padding on the second row
-    loss_mask = (torch.rand(b, s, generator=g) > 0.3).long() * attention
-    batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}
-    return features.complete(target, batch, set(drafter.required_features), drafter.feature_layers())
 
 
 def reference_block(d, batch, row, p):

@@ -3,6 +3,8 @@ and acceptance 1, init paths and vocabulary checks, on-policy sampling, LoRA ada
 round trips, the debug recipe through the function API, and the proposer in the speculative loop."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -11,9 +13,10 @@ try:  # tests/ as a package (tests/__init__.py) or as plain rootdir conftest: bo
 except ImportError:
     from conftest import STORIES, shared_path
 
-from draftsmith import config, features
+from draftsmith import config
 from draftsmith.heads.draft_lm import DraftLMDrafter
 from draftsmith.testing import byte_tokenizer, tiny_target
+from tests.helpers import batch_for as shared_batch_for
 
 Config = DraftLMDrafter.Config
 
@@ -30,16 +33,7 @@ def perturb(drafter, scale=0.05, seed=1):
             p.add_(scale * torch.randn(p.shape, generator=g))
 
 
-def batch_for(target, drafter, b=2, s=12, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, target.vocab_size, (b, s), generator=g)
-    attention = torch.ones(b, s, dtype=torch.long)
-    attention[1, -3:] = 0  # right padding on the second row
-    loss_mask = torch.zeros(b, s, dtype=torch.long)
-    loss_mask[0, 4:], loss_mask[1, 6:] = 1, 1  # prompts of 4 and 6 tokens, then the answer
-    batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask * attention}
-    return features.complete(target, batch, {"target_logits"}, [])
-
+batch_for = functools.partial(shared_batch_for, required={"target_logits"}, layers=[], prompt_lengths=(4, 6))
 
 def reference_loss(drafter, target, batch, temperature):
     """Row by row on the unpadded tokens: 0.5 TV + 0.5 KL(p || q), written out from the definitions."""

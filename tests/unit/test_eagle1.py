@@ -3,18 +3,20 @@ noise only in training mode, the KV-cached proposer equal to the training pass (
 on its own feature chain), the debug recipe training, and lossless greedy decoding."""
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from draftsmith import config, features
+from draftsmith import config
 from draftsmith.heads.eagle1 import Eagle1Drafter
 from draftsmith.sampling import SamplingParams, logits_to_probs
 from draftsmith.target import TargetOutput
 from draftsmith.testing import tiny_target
 from tests.conftest import REPO, STORIES, shared_path
+from tests.helpers import batch_for as shared_batch_for
 
 
 def make(seed=0, **options):
@@ -27,15 +29,7 @@ def make(seed=0, **options):
     return target, d
 
 
-def batch_for(target, b=2, s=10, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, target.vocab_size, (b, s), generator=g)
-    attention = torch.ones(b, s, dtype=torch.long)
-    attention[1, -3:] = 0  # right padding on the second row
-    loss_mask = (torch.rand(b, s, generator=g) > 0.3).long() * attention
-    batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}
-    return features.complete(target, batch, {"last_hidden_state", "target_logits"}, [])
-
+batch_for = functools.partial(shared_batch_for, drafter=None, s=10, required={"last_hidden_state", "target_logits"})
 
 def reference_loss(d, batch):
     """Per row and position with explicit key lists: pair (f_j, x_{j+1}) predicts f_{j+1}."""

@@ -13,6 +13,7 @@ from draftsmith.heads.eagle3 import Eagle3Drafter
 from draftsmith.sampling import SamplingParams
 from draftsmith.target import TargetOutput
 from draftsmith.testing import tiny_target
+from tests.helpers import batch_for
 
 
 def make(ttt_steps=3, draft_vocab_size=None, seed=0, **options):
@@ -26,15 +27,6 @@ def make(ttt_steps=3, draft_vocab_size=None, seed=0, **options):
             p.add_(0.05 * torch.randn_like(p))
     return target, drafter
 
-
-def batch_for(target, drafter, b=2, s=12, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, target.vocab_size, (b, s), generator=g)
-    attention = torch.ones(b, s, dtype=torch.long)
-    attention[1, -3:] = 0  # right padding on the second row
-    loss_mask = (torch.rand(b, s, generator=g) > 0.3).long() * attention
-    batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}
-    return features.complete(target, batch, set(drafter.required_features), drafter.feature_layers())
 
 
 def reference_loss(drafter, batch):

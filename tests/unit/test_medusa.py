@@ -3,6 +3,8 @@ proposer's indexing equal to training's, Medusa-2 (LoRA via peft) keeping the ta
 exporting a reloadable adapter, the debug recipe training, and lossless greedy decoding."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -12,6 +14,7 @@ from draftsmith.sampling import SamplingParams, logits_to_probs
 from draftsmith.target import TargetOutput
 from draftsmith.testing import tiny_target
 from tests.conftest import REPO, STORIES, shared_path
+from tests.helpers import batch_for as shared_batch_for
 
 
 def make(seed=0, **options):
@@ -24,15 +27,7 @@ def make(seed=0, **options):
     return target, drafter
 
 
-def batch_for(target, drafter, b=2, s=11, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, target.vocab_size, (b, s), generator=g)
-    attention = torch.ones(b, s, dtype=torch.long)
-    attention[1, -3:] = 0  # right padding on the second row
-    loss_mask = (torch.rand(b, s, generator=g) > 0.3).long() * attention
-    batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}
-    return features.complete(target, batch, {"last_hidden_state", "target_logits"}, [])
-
+batch_for = functools.partial(shared_batch_for, s=11, required={"last_hidden_state", "target_logits"}, layers=[])
 
 def reference_loss(drafter, batch, mode, offset=2, hard_weight=0.5, greedy_only=False, weights=None):
     """Per row, head and position: head i at position j predicts token j+offset+i; its label is the

@@ -3,6 +3,7 @@ hand-written reference of vLLM's math, teacher-forced stages equal to the propos
 debug recipe training, and lossless greedy decoding."""
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -14,6 +15,7 @@ from draftsmith.sampling import SamplingParams, logits_to_probs
 from draftsmith.target import TargetOutput
 from draftsmith.testing import tiny_target
 from tests.conftest import REPO, STORIES, shared_path
+from tests.helpers import batch_for as shared_batch_for
 
 
 def make(seed=0, **options):
@@ -27,15 +29,7 @@ def make(seed=0, **options):
     return target, drafter
 
 
-def batch_for(target, b=2, s=10, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, target.vocab_size, (b, s), generator=g)
-    attention = torch.ones(b, s, dtype=torch.long)
-    attention[1, -3:] = 0  # right padding on the second row
-    loss_mask = (torch.rand(b, s, generator=g) > 0.3).long() * attention
-    batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}
-    return features.complete(target, batch, {"last_hidden_state", "target_logits"}, [])
-
+batch_for = functools.partial(shared_batch_for, drafter=None, s=10, required={"last_hidden_state", "target_logits"})
 
 def reference_loss(d, batch):
     """vLLM's stage math written out per row and position; stage i at j predicts x_{j+2+i}."""

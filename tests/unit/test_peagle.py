@@ -2,6 +2,7 @@
 proposer's one-forward logits equal the training forward's, lossless greedy decoding."""
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -12,6 +13,7 @@ from draftsmith import features
 from draftsmith.eval.loop import LoopConfig, generate
 from draftsmith.heads.peagle import PEagleDrafter
 from draftsmith.testing import tiny_target
+from tests.helpers import batch_for as shared_batch_for
 
 
 def make(num_depths=3, draft_vocab_size=100, seed=0):
@@ -27,15 +29,7 @@ def make(num_depths=3, draft_vocab_size=100, seed=0):
     return target, drafter
 
 
-def batch_for(target, drafter, b=2, s=12, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, target.vocab_size, (b, s), generator=g)
-    attention = torch.ones(b, s, dtype=torch.long)
-    attention[1, -3:] = 0
-    loss_mask = (torch.rand(b, s, generator=g) > 0.2).long() * attention
-    batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}
-    return features.complete(target, batch, set(drafter.required_features), drafter.feature_layers())
-
+batch_for = functools.partial(shared_batch_for, mask_above=0.2)
 
 def element_output(d, batch, row, a, depth):
     """Output of element (a, depth), written out: its query against the explicit list of elements it may
