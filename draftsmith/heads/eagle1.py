@@ -26,10 +26,10 @@ import torch
 from torch import nn
 
 from draftsmith import packing
-from draftsmith.heads.base import DRAFTERS, Draft, Drafter, FedNodes, StepOutput, range_problems
+from draftsmith.heads.base import DRAFTERS, Drafter, StepOutput, range_problems
 from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, rotary
+from draftsmith.heads.proposing import FeatureChainProposer
 from draftsmith.heads.shared import Frozen
-from draftsmith.sampling import logits_to_probs, sample
 
 
 @DRAFTERS.register("eagle1")
@@ -133,61 +133,11 @@ class Eagle1Drafter(Drafter):
         return Eagle1Proposer(self)
 
 
-class Eagle1Proposer:
-    """Chain drafting with the drafter's own KV cache; rolls back to the committed context on commit."""
+class Eagle1Proposer(FeatureChainProposer):
+    """Chain / tree drafting with the drafter's own KV cache (heads/proposing.py); a committed token reads
+    the target's post-norm last hidden state f_j, a draft step feeds back the predicted feature."""
 
     name = "eagle1"
 
-    def __init__(self, drafter: Eagle1Drafter):
-        self.drafter = drafter
-
-    def begin(self, prompt_ids: torch.Tensor) -> None:
-        self.cache = KVCache()
-        self.committed = 0  # cache entries that belong to committed context
-        self.last_out: torch.Tensor | None = None  # [1, 1, h] predicted feature after the newest committed pair
-
-    @torch.no_grad()
-    def commit(self, context: torch.Tensor, num_new: int, target_out) -> None:
-        d = self.drafter
-        self.cache.crop(self.committed)  # drop the speculative chain of the last round
-        feats = target_out.hidden_states[-1]  # [1, m, h] post-norm features f_j
-        tokens = context[-num_new:].view(1, -1).to(feats.device)  # x_{j+1}
-        positions = torch.arange(self.committed, self.committed + num_new, device=feats.device).view(1, -1)
-        out = d.step(tokens, feats, positions, cache=self.cache)
-        self.committed += num_new
-        self.last_out = out[:, -1:]
-
-    @torch.no_grad()
-    def propose(self, context: torch.Tensor, k: int, sampling, generator=None) -> Draft:
-        d = self.drafter
-        out = self.last_out
-        tokens, probs = [], []
-        for i in range(k):
-            q = logits_to_probs(d.logits(out)[0, -1], sampling)  # [V]
-            token = q.argmax() if sampling.greedy else sample(q, generator)
-            tokens.append(token)
-            probs.append(q)
-            if i + 1 < k:
-                pos = torch.tensor([[self.committed + i]], device=out.device)
-                out = d.step(token.view(1, 1), out, pos, cache=self.cache)  # feed f̂ back with the draft token
-        return Draft(tokens=torch.stack(tokens).view(-1), probs=torch.stack(probs))
-
-    # ------------------------------------------------------------------ tree drafting (eval/tree.py)
-    @torch.no_grad()
-    def tree_root(self) -> torch.Tensor:
-        self.cache.crop(self.committed)
-        self.tree_fed = FedNodes(self.last_out.device)
-        self.tree_outs = self.last_out.new_zeros(1, 0, self.last_out.shape[-1])  # [1, F, h] per fed node
-        return torch.log_softmax(self.drafter.logits(self.last_out)[0, -1].float(), -1)  # [V]
-
-    @torch.no_grad()
-    def tree_expand(self, tokens: torch.Tensor, parents: torch.Tensor, depth: int) -> torch.Tensor:
-        """Feed m tree nodes at `depth` together (each with its parent's predicted feature; the root's
-        is last_out), attending to the committed cache and their fed ancestors. -> [m, V] log-probs."""
-        dev = self.last_out.device
-        bank = torch.cat([self.last_out, self.tree_outs], dim=1)  # [1, 1 + F, h]: the root's feature first
-        self.cache.next_mask = self.tree_fed.add(parents.to(dev), self.committed)  # [m, committed + F + m]
-        pos = torch.full((1, tokens.shape[0]), self.committed + depth - 1, device=dev)
-        out = self.drafter.step(tokens.view(1, -1).to(dev), bank[:, parents.to(dev) + 1], pos, cache=self.cache)  # [1, m, h]
-        self.tree_outs = torch.cat([self.tree_outs, out], dim=1)  # [1, F + m, h]
-        return torch.log_softmax(self.drafter.logits(out)[0].float(), -1)  # [m, V]
+    def features(self, target_out) -> torch.Tensor:
+        return target_out.hidden_states[-1]  # [1, m, h] post-norm features f_j

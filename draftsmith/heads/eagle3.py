@@ -29,10 +29,11 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from draftsmith import packing
 from draftsmith.heads import vocab_loss
-from draftsmith.heads.base import DRAFTERS, Draft, Drafter, FedNodes, StepOutput, range_problems
+from draftsmith.heads.base import DRAFTERS, Drafter, StepOutput, range_problems
 from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, rotary
+from draftsmith.heads.proposing import FeatureChainProposer
 from draftsmith.heads.shared import Frozen, aux_layer_problems, draft_vocabulary, resolve_aux_layer_ids
-from draftsmith.sampling import logits_to_probs, sample
+from draftsmith.sampling import logits_to_probs
 
 
 @DRAFTERS.register("eagle3")
@@ -257,79 +258,31 @@ class Eagle3Drafter(Drafter):
         return Eagle3Proposer(self, target)
 
 
-class Eagle3Proposer:
-    """Chain drafting with the drafter's own KV cache; rolls back to the committed context on commit."""
+class Eagle3Proposer(FeatureChainProposer):
+    """Chain / tree drafting with the drafter's own KV cache (heads/proposing.py); a committed token reads
+    the fused aux hidden states; draft logits cover the draft vocabulary (-inf elsewhere)."""
 
     name = "eagle3"
 
     def __init__(self, drafter: Eagle3Drafter, target):
-        self.drafter = drafter
+        super().__init__(drafter)
         self.vocab_size = target.vocab_size
         self.draft_ids = drafter.draft_ids()
 
-    def begin(self, prompt_ids: torch.Tensor) -> None:
-        self.cache = KVCache()
-        self.committed = 0  # cache entries that belong to committed context
-        self.last_out: torch.Tensor | None = None  # [1, 1, h] state of the newest committed pair
+    def features(self, target_out) -> torch.Tensor:
+        aux = torch.cat([target_out.hidden_states[i] for i in self.drafter.aux_layer_ids], dim=-1)  # [1, m, 3h]
+        return self.drafter.fuse(aux)  # [1, m, 3h] -> [1, m, h]
 
-    @torch.no_grad()
-    def commit(self, context: torch.Tensor, num_new: int, target_out) -> None:
-        d = self.drafter
-        self.cache.crop(self.committed)  # drop the speculative chain of the last round
-        aux = torch.cat([target_out.hidden_states[i] for i in d.aux_layer_ids], dim=-1)  # [1, m, 3h]
-        hidden = d.fuse(aux)  # [1, m, 3h] -> [1, m, h]
-        tokens = context[-num_new:].view(1, -1).to(hidden.device)
-        positions = torch.arange(self.committed, self.committed + num_new, device=hidden.device).view(1, -1)
-        out = d.step(tokens, hidden, positions, cache=self.cache)
-        self.committed += num_new
-        self.last_out = out[:, -1:]
-
-    def _target_probs(self, draft_logits: torch.Tensor, sampling) -> torch.Tensor:
+    def target_probs(self, draft_logits: torch.Tensor, sampling) -> torch.Tensor:
         """[dv] draft logits -> [V] probabilities over the target vocabulary (same transform as p)."""
         full = draft_logits.new_full((self.vocab_size,), float("-inf"), dtype=torch.float32)
         full[self.draft_ids] = draft_logits.float()
         return logits_to_probs(full, sampling)
 
-    @torch.no_grad()
-    def propose(self, context: torch.Tensor, k: int, sampling, generator=None) -> Draft:
-        d = self.drafter
-        out = self.last_out
-        tokens, probs = [], []
-        for i in range(k):
-            q = self._target_probs(d.logits(out)[0, -1], sampling)
-            token = sample(q, generator) if not sampling.greedy else q.argmax()
-            tokens.append(token)
-            probs.append(q)
-            if i + 1 < k:
-                pos = torch.tensor([[self.committed + i]], device=out.device)
-                out = d.step(token.view(1, 1), out, pos, cache=self.cache)
-        return Draft(tokens=torch.stack(tokens).view(-1), probs=torch.stack(probs))
-
-
-    # ------------------------------------------------------------------ tree drafting (eval/tree.py)
-    def _target_logprobs(self, draft_logits: torch.Tensor) -> torch.Tensor:
+    def target_logprobs(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """[m, dv] draft logits -> [m, V] log-probabilities over the target vocabulary (-inf off the draft vocab)."""
         full = draft_logits.new_full((draft_logits.shape[0], self.vocab_size), float("-inf"), dtype=torch.float32)
         full[:, self.draft_ids] = torch.log_softmax(draft_logits.float(), dim=-1)
         return full
 
-    @torch.no_grad()
-    def tree_root(self) -> torch.Tensor:
-        self.cache.crop(self.committed)
-        self.tree_fed = FedNodes(self.last_out.device)
-        self.tree_outs = self.last_out.new_zeros(1, 0, self.last_out.shape[-1])  # [1, F, h] per fed node
-        return self._target_logprobs(self.drafter.logits(self.last_out)[0])[-1]  # [V]
-
-    @torch.no_grad()
-    def tree_expand(self, tokens: torch.Tensor, parents: torch.Tensor, depth: int) -> torch.Tensor:
-        """Feed m tree nodes at `depth` together: node reads its parent's output (the root's: last_out)
-        and attends to the committed cache and its fed ancestors. -> [m, V] children log-probs."""
-        dev = self.last_out.device
-        parents = parents.to(dev)
-        bank = torch.cat([self.last_out, self.tree_outs], dim=1)  # [1, 1 + F, h]: the root's output first
-        hidden = bank[:, parents + 1]  # [1, m, h]
-        self.cache.next_mask = self.tree_fed.add(parents, self.committed)  # [m, committed + F + m]
-        pos = torch.full((1, tokens.shape[0]), self.committed + depth - 1, device=dev)
-        out = self.drafter.step(tokens.view(1, -1).to(dev), hidden, pos, cache=self.cache)  # [1, m, h]
-        self.tree_outs = torch.cat([self.tree_outs, out], dim=1)  # [1, F, h] -> [1, F + m, h]
-        return self._target_logprobs(self.drafter.logits(out)[0])  # [m, V]
+    _target_probs, _target_logprobs = target_probs, target_logprobs  # the names tests and benches use

@@ -44,8 +44,9 @@ from torch import nn
 
 from draftsmith import packing
 from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
+from draftsmith.heads.proposing import LastStateProposer, draw
 from draftsmith.heads.shared import Frozen
-from draftsmith.sampling import logits_to_probs, sample
+from draftsmith.sampling import logits_to_probs
 
 
 class ResidualBlock(nn.Module):
@@ -346,25 +347,14 @@ class MedusaDrafter(Drafter):
         return MedusaProposer(self)
 
 
-class MedusaProposer:
+class MedusaProposer(LastStateProposer):
     """Chain proposals from the heads on one state (no KV cache, no draft recurrence).
 
-    commit() keeps h, the target state whose next token is the newest committed token c;
-    propose(k) returns head i's token for i < k, i.e. the (i+1)-th token after c.
+    commit() keeps h, the target state whose next token is the newest committed token c
+    (heads/proposing.py); propose(k) returns head i's token for i < k, i.e. the (i+1)-th token after c.
     """
 
     name = "medusa"
-
-    def __init__(self, drafter: MedusaDrafter):
-        self.drafter = drafter
-        self.last_hidden: torch.Tensor | None = None
-
-    def begin(self, prompt_ids: torch.Tensor) -> None:
-        self.last_hidden = None
-
-    @torch.no_grad()
-    def commit(self, context: torch.Tensor, num_new: int, target_out) -> None:
-        self.last_hidden = target_out.hidden_states[-1][:, -1:]  # [1, m, h] -> [1, 1, h]
 
     @torch.no_grad()
     def propose(self, context: torch.Tensor, k: int, sampling, generator=None) -> Draft:
@@ -373,14 +363,13 @@ class MedusaProposer:
             raise ValueError(f"Medusa proposes at most one token per head: k={k} > num_heads={n}"
                              f"{' (head 0 predicts the next token)' if self.drafter.cfg.next_token_head else ''}; "
                              f"lower k (eval --k) to <= {n} or train more heads (drafter.num_heads)")
-        if self.last_hidden is None:
-            raise RuntimeError("MedusaProposer.propose before commit(): the loop must commit the prefill first")
+        self.state("propose")
         tokens, probs = [], []
         skip = self.drafter.cfg.num_heads - n  # a next-token head 0 would repeat the committed token
         for block, head in list(zip(self.drafter.blocks, self.drafter.lm_heads))[skip : skip + k]:
             x = self.last_hidden.to(head.weight.dtype)
             q = logits_to_probs(head(block(x))[0, -1], sampling)  # [1, 1, h] -> [V]
-            tokens.append(q.argmax() if sampling.greedy else sample(q, generator))
+            tokens.append(draw(q, sampling, generator))
             probs.append(q)
         return Draft(tokens=torch.stack(tokens).view(-1), probs=torch.stack(probs))
 
@@ -395,8 +384,7 @@ class MedusaProposer:
 
     @torch.no_grad()
     def tree_root(self) -> torch.Tensor:
-        if self.last_hidden is None:
-            raise RuntimeError("MedusaProposer.tree_root before commit(): the loop must commit the prefill first")
+        self.state("tree_root")
         return self._head_logprobs(0)
 
     @torch.no_grad()

@@ -30,7 +30,8 @@ from torch import nn
 
 from draftsmith import packing
 from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
-from draftsmith.sampling import logits_to_probs, sample
+from draftsmith.heads.proposing import LastStateProposer, draw
+from draftsmith.sampling import logits_to_probs
 
 
 class SpeculatorNorm(nn.Module):
@@ -171,26 +172,14 @@ class MLPSpeculatorDrafter(Drafter):
         return MLPSpeculatorProposer(self)
 
 
-class MLPSpeculatorProposer:
+class MLPSpeculatorProposer(LastStateProposer):
     """Stage i proposes draft token i+1 from (state, previous token); no KV cache.
 
-    commit() keeps h, the target state whose next token is the newest committed token c; stage 0
-    reads (h, c), stage i >= 1 reads (stage i-1's state, draft token i).
+    commit() keeps h, the target state whose next token is the newest committed token c
+    (heads/proposing.py); stage 0 reads (h, c), stage i >= 1 reads (stage i-1's state, draft token i).
     """
 
     name = "mlp_speculator"
-
-    def __init__(self, drafter: MLPSpeculatorDrafter):
-        self.drafter = drafter
-        self.last_hidden: torch.Tensor | None = None
-
-    def begin(self, prompt_ids: torch.Tensor) -> None:
-        self.last_hidden = None
-
-    @torch.no_grad()
-    def commit(self, context: torch.Tensor, num_new: int, target_out) -> None:
-        self.last_hidden = target_out.hidden_states[-1][:, -1:]  # [1, m, h] -> [1, 1, h]
-        self._last_token = context[-1]
 
     @torch.no_grad()
     def propose(self, context: torch.Tensor, k: int, sampling, generator=None) -> Draft:
@@ -198,15 +187,13 @@ class MLPSpeculatorProposer:
         if k > d.cfg.n_predict:
             raise ValueError(f"the MLP speculator has {d.cfg.n_predict} stages: k={k} is too many; lower k "
                              f"(eval --k) to <= {d.cfg.n_predict} or train more stages (drafter.n_predict)")
-        if self.last_hidden is None:
-            raise RuntimeError("MLPSpeculatorProposer.propose before commit(): the loop must commit the prefill first")
-        state = d.input_state(self.last_hidden)
+        state = d.input_state(self.state("propose"))
         token = context[-1:].view(1, 1).to(state.device)
         tokens, probs = [], []
         for i in range(k):
             state = d.stage(i, state, token)  # [1, 1, h or d] -> [1, 1, d]
             q = logits_to_probs(d.logits(i, state)[0, -1], sampling)  # [V]
-            nxt = q.argmax() if sampling.greedy else sample(q, generator)
+            nxt = draw(q, sampling, generator)
             tokens.append(nxt)
             probs.append(q)
             token = nxt.view(1, 1)
@@ -220,9 +207,7 @@ class MLPSpeculatorProposer:
     @torch.no_grad()
     def tree_root(self) -> torch.Tensor:
         d = self.drafter
-        if self.last_hidden is None:
-            raise RuntimeError("MLPSpeculatorProposer.tree_root before commit(): the loop must commit the prefill first")
-        state = d.input_state(self.last_hidden)
+        state = d.input_state(self.state("tree_root"))
         self.tree_root_state = d.stage(0, state, self._last_token.view(1, 1).to(state.device))  # [1, 1, d]
         self.tree_states = self.tree_root_state[:, :0]  # [1, F, d] per fed node
         return torch.log_softmax(d.logits(0, self.tree_root_state)[0, -1].float(), -1)  # [V]
