@@ -18,6 +18,7 @@ from typing import Iterator, Optional
 import torch
 
 from draftsmith.data import chat, formats
+from draftsmith.data.encode import encode_row
 
 MAX_EXAMPLES = 10
 
@@ -97,20 +98,6 @@ class DataReport:
         return "\n".join(lines)
 
 
-def _encode_row(row: formats.Row, tokenizer, data_cfg) -> tuple[list[tuple[list[int], list[int]]], bool]:
-    """One normalised row -> its sequences (ids, mask) and whether it was truncated."""
-    if row.kind == "text":
-        chunks = chat.encode_text(tokenizer, row.text, data_cfg.text_chunk_tokens, data_cfg.max_length)
-        if not chunks:
-            raise formats.RowError(formats.EMPTY_TEXT, "fewer than 2 tokens")
-        return chunks, False
-    if row.kind == "prompt":
-        reason = formats.PROMPT_ONLY if row.form in ("prompts", "alpaca") else formats.NO_ASSISTANT
-        raise formats.RowError(reason, "no assistant turn to learn from")
-    ids, mask, truncated = chat.encode_chat(tokenizer, row.messages, data_cfg.chat_template, data_cfg.max_length)
-    return [(ids, mask)], truncated
-
-
 def build_dataset(data_cfg, tokenizer) -> tuple[TokenDataset, TokenDataset, DataReport]:
     """Read data_cfg.path, render and tokenize every row, skip malformed ones (counted by reason).
 
@@ -133,7 +120,7 @@ def build_dataset(data_cfg, tokenizer) -> tuple[TokenDataset, TokenDataset, Data
         report.read += 1
         if err is None:
             try:
-                pieces, truncated = _encode_row(row, tokenizer, data_cfg)
+                pieces, truncated = encode_row(row, tokenizer, data_cfg)
             except formats.RowError as exc:
                 err = exc
         if err is not None:

@@ -179,7 +179,8 @@ def read_raw(file: str) -> Iterator[RawRow]:
     from draftsmith.data import hf_sources
 
     if hf_sources.is_dataset_source(file):
-        yield from hf_sources.raw_rows(file)
+        for name, i, row in hf_sources.raw_rows(file):
+            yield RawRow(name, i, row, row_id=f"{name}:{i}")
         return
     text = Path(file).read_bytes().decode("utf-8", errors="surrogateescape")
     if file.endswith(".txt"):

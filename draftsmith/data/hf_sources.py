@@ -132,14 +132,13 @@ def label(path: str) -> str:
     return Path(base).name or base
 
 
-def raw_rows(path: str) -> Iterator:
-    """RawRow per dataset row (value: the row dict), named SOURCE:INDEX."""
-    from draftsmith.data.formats import RawRow
-
+def raw_rows(path: str) -> Iterator[tuple[str, int, dict]]:
+    """(source label, index, row dict) per dataset row; formats.iter_rows makes each a RawRow named
+    SOURCE:INDEX (this module does not import formats: formats imports it)."""
     ds = load(path)
     name = label(path)
     for i, row in enumerate(ds):
-        yield RawRow(name, i, dict(row), row_id=f"{name}:{i}")
+        yield name, i, dict(row)
 
 
 def fingerprint(path: str) -> str:

@@ -1,6 +1,6 @@
 """Tokenization through `datasets` (data.num_proc >= 1): the raw rows of every data.path entry
 become one Arrow dataset, `Dataset.map(num_proc=N)` renders and tokenizes them with the same code
-as the in-process path (dataset._encode_row), and the result is cached by fingerprint: a second
+as the in-process path (data/encode.encode_row), and the result is cached by fingerprint: a second
 run over the same data and recipe loads the tokenized rows instead of tokenizing again.
 
 The fingerprint of the tokenized dataset is ours, so that the cache is hit exactly when nothing
@@ -26,6 +26,7 @@ from typing import Iterator
 import torch
 
 from draftsmith.data import chat, formats
+from draftsmith.data.encode import encode_row
 
 
 def _raw_generator(files: list[str], stamps: list):
@@ -68,8 +69,6 @@ def _encode_batch(batch: dict, tokenizer, data_cfg: dict) -> dict:
     """Batched map function: raw rows -> sequences (several for a long text document) + skip reasons."""
     from types import SimpleNamespace
 
-    from draftsmith.data.dataset import _encode_row
-
     cfg = SimpleNamespace(**data_cfg)
     out = {"input_ids": [], "loss_mask": [], "truncated": [], "skip_reason": [], "skip_detail": []}
     for file, line, row_id, value, reason, detail in zip(batch["file"], batch["line"], batch["row_id"], batch["value"],
@@ -80,7 +79,7 @@ def _encode_batch(batch: dict, tokenizer, data_cfg: dict) -> dict:
         else:
             raw = formats.RawRow(file, line, json.loads(value), row_id=row_id or None)
             try:
-                pieces, truncated = _encode_row(formats.parse(raw, cfg.format), tokenizer, cfg)
+                pieces, truncated = encode_row(formats.parse(raw, cfg.format), tokenizer, cfg)
                 ids, masks = [p[0] for p in pieces], [p[1] for p in pieces]
             except formats.RowError as exc:
                 err = exc
@@ -96,11 +95,9 @@ def recipe_fingerprint(raw_fp: str, tokenizer, data_cfg: dict) -> str:
     """Hash of everything that changes the tokens (see the module docstring)."""
     from datasets.fingerprint import Hasher
 
-    from draftsmith.data import dataset as dataset_mod
-
     backend = getattr(tokenizer, "backend_tokenizer", None)
     tok = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
-    code = "".join(inspect.getsource(m) for m in (chat, formats)) + inspect.getsource(dataset_mod._encode_row) \
+    code = "".join(inspect.getsource(m) for m in (chat, formats)) + inspect.getsource(encode_row) \
         + inspect.getsource(_encode_batch)
     return Hasher.hash([raw_fp, tok, getattr(tokenizer, "chat_template", None), tokenizer.special_tokens_map,
                         sorted(data_cfg.items()), code])

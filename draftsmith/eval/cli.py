@@ -156,7 +156,7 @@ def main(args: argparse.Namespace) -> int:
         if args.tree_calibrate:
             if args.tree != "static":
                 raise UserError("--tree-calibrate builds a static tree: use it with --tree static")
-            from draftsmith.eval.tree import measure_topk_acceptance
+            from draftsmith.eval.tree_calibration import measure_topk_acceptance
 
             limit = getattr(target.config, "max_position_embeddings", None) or 10**9
             items = workloads.load(args.tree_calibrate, args.data_dir, args.num_prompts or None)

@@ -35,10 +35,10 @@ import torch
 from draftsmith.eval import batch as batch_mod
 from draftsmith.eval import workloads
 from draftsmith.eval.loop import LoopConfig, _clock, generate
-from draftsmith.report.speedup_model import expected_tau
+from draftsmith.report import speedup_model
+from draftsmith.report.speedup_model import PROFILE_FILE, PROFILE_SCHEMA, expected_tau
 
-PROFILE_FILE = "speedup_profile.json"
-SCHEMA = "draftsmith.speedup-profile"
+SCHEMA = PROFILE_SCHEMA
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -236,7 +236,7 @@ def recommend(acc: dict, table: list[dict], batches: list[int], k_max: int, cont
     best = {}
     for B in batches:
         preds = [predict(acc, table, B, k, context) for k in range(k_max + 1)]
-        top = max(preds, key=lambda p: (p["speedup"], -p["k"]))
+        top = speedup_model.best(preds, lambda p: p["speedup"], lambda p: p["k"])  # the one tie-break
         best[str(B)] = {"k": top["k"], "speedup": top["speedup"]}
     stops = [B for B in batches if best[str(B)]["k"] == 0]
     return {"context": context, "best_k_by_batch": best,

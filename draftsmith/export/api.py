@@ -17,8 +17,8 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from draftsmith.eval.profile import PROFILE_FILE
 from draftsmith.export.common import CONFIG_FILE, SIDECAR_FILE, WEIGHTS_FILE, ExportFiles, ExportOptions, num_tokens
+from draftsmith.report.speedup_model import PROFILE_FILE, PROFILE_SCHEMA
 
 
 @dataclass
@@ -168,7 +168,7 @@ def _speedup_profile(checkpoint) -> str | None:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON ({err.msg}); rerun `draftsmith profile {checkpoint}` or delete it") from err
-    if data.get("schema") != "draftsmith.speedup-profile":
-        raise ValueError(f"{path}: schema {data.get('schema')!r} is not draftsmith.speedup-profile; "
+    if data.get("schema") != PROFILE_SCHEMA:
+        raise ValueError(f"{path}: schema {data.get('schema')!r} is not {PROFILE_SCHEMA}; "
                          f"rerun `draftsmith profile {checkpoint}` or delete it")
     return text

@@ -46,6 +46,13 @@ class _HFDraft:
     def state_dict(self):
         return self.model.state_dict()
 
+    def drafter_state_dict(self, drafter, source) -> dict:
+        """The weights under the draft LM drafter's names (it keeps the HF model as `model`), for train.init_from."""
+        if getattr(drafter.cfg, "lora", None) is not None:
+            raise ValueError(f"train.init_from={source}: an hf export holds merged weights; warm start a LoRA draft LM "
+                             "from its checkpoint directory instead")
+        return {f"model.{k}": v for k, v in self.state_dict().items()}
+
     def make_proposer(self, target):
         from draftsmith.heads.draft_lm import DraftModelProposer
 

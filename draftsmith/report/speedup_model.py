@@ -31,7 +31,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Iterable, TypeVar
+
+# `draftsmith profile`'s speedup profile (eval/profile.py: the same model over batch size and context),
+# written beside the checkpoint and copied into exports (export/api.py) and leaderboards.
+PROFILE_FILE = "speedup_profile.json"
+PROFILE_SCHEMA = "draftsmith.speedup-profile"
+P = TypeVar("P")
 
 
 @dataclass(frozen=True)
@@ -113,10 +119,15 @@ def predict_all(acceptance: list[float], costs: Costs, k_max: int) -> list[Predi
     return [predict(acceptance, costs, k) for k in range(k_max + 1)]
 
 
+def best(predictions: Iterable[P], speedup: Callable[[P], float], k: Callable[[P], int]) -> P:
+    """The one tie-break of every speedup recommendation (this model, eval/profile.py's grid): the highest
+    speedup wins (k = 0 when no k beats target-only decoding); ties go to the smaller k."""
+    return max(predictions, key=lambda p: (speedup(p), -k(p)))
+
+
 def best_k(predictions: list[Prediction]) -> Prediction:
-    """The prediction with the highest speedup (k = 0 when no k beats target-only decoding);
-    ties go to the smaller k."""
-    return max(predictions, key=lambda p: (p.speedup, -p.k))
+    """The prediction with the highest speedup; ties go to the smaller k (best)."""
+    return best(predictions, lambda p: p.speedup, lambda p: p.k)
 
 
 def costs_from_aggregate(aggregate: dict[str, Any], k: int, where: str = "result") -> Costs | None:

@@ -167,12 +167,8 @@ def load_init_weights(path: str | Path, drafter, target) -> None:
     exported = config_mod.from_dict(sidecar.get("recipe") or {}, str(sidecar_file))
     loaded = LoadedDrafter(drafter=drafter, target=target, config=exported, meta=sidecar.get("checkpoint_meta") or {})
     back = EXPORTERS.get(fmt)().load_back(path, loaded)  # a drafter of this kind (hf: a plain HF model wrapper)
-    state = back.state_dict()
-    if kind == "draft_lm":  # the hf format holds the bare HF model; the drafter keeps it as `model`
-        if getattr(drafter.cfg, "lora", None) is not None:
-            raise ValueError(f"train.init_from={path}: an hf export holds merged weights; warm start a LoRA draft LM "
-                             "from its checkpoint directory instead")
-        state = {f"model.{k}": v for k, v in state.items()}
+    # the drafter's own state_dict names (a re-imported HF model says how its names map onto the drafter's)
+    state = back.drafter_state_dict(drafter, path) if hasattr(back, "drafter_state_dict") else back.state_dict()
     missing, unexpected = drafter.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(f"train.init_from={path} does not fit this drafter: missing {sorted(missing)}, "

@@ -9,6 +9,7 @@ import torch
 from test_verification import chi_square_pvalue
 
 from draftsmith.eval import tree as tree_mod
+from draftsmith.eval import tree_calibration
 from draftsmith.eval.loop import LoopConfig, generate
 from draftsmith.heads import draft_lm as draft_lm_mod
 from draftsmith.sampling import SamplingParams, logits_to_probs, sample
@@ -231,10 +232,10 @@ def test_measured_topk_acceptance_builds_the_static_tree():
 
     t = tiny_target(num_layers=2, hidden=32, vocab=128, seed=1)
     prompts = [torch.tensor([1, 40, 41]), torch.tensor([1, 7, 8, 9])]
-    same = tree_mod.measure_topk_acceptance(t, draft_lm_mod.DraftModelProposer(t.model, t.vocab_size), prompts, 3, 2, 12)
+    same = tree_calibration.measure_topk_acceptance(t, draft_lm_mod.DraftModelProposer(t.model, t.vocab_size), prompts, 3, 2, 12)
     assert [row[0] for row in same] == [1.0, 1.0, 1.0]  # the target as its own drafter: always rank 0
     heads = _heads("medusa", t)  # 3 heads: depth is capped there
-    acc = tree_mod.measure_topk_acceptance(t, heads, prompts, 5, 3, 12)
+    acc = tree_calibration.measure_topk_acceptance(t, heads, prompts, 5, 3, 12)
     assert len(acc) == 3 and all(0 <= sum(row) <= 1 + 1e-9 for row in acc)
     cfg = tree_mod.TreeConfig("static", depth=3, topk=3, budget=5, acceptance=acc)
     base = generate(t, None, prompts[0], LoopConfig(k=0, max_new_tokens=12, eos_ids=[])).tokens
