@@ -116,3 +116,72 @@ def test_no_import_cycles_between_subpackages():
     found = cycles(graph)
     detail = [{u: {v: graph[u][v][:3] for v in comp if v in graph.get(u, {})} for u in comp} for comp in found]
     assert not found, f"import cycles between draftsmith's subpackages/modules: {detail}"
+
+
+# --------------------------------------------------------------------------- file level (issue 18)
+
+def _graph_tool():
+    """scripts/import_graph.py: the file-level import graph (imports inside functions included)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("import_graph", REPO / "scripts" / "import_graph.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def command_modules() -> set[str]:
+    """The modules behind `draftsmith COMMAND` (cli.SUBCOMMANDS), the cli itself and __main__."""
+    from draftsmith.cli import SUBCOMMANDS
+
+    return {module for module, _ in SUBCOMMANDS.values()} | {"draftsmith.cli", "draftsmith.__main__"}
+
+
+def test_file_graph_tool_sees_lazy_imports_and_circles():
+    tool = _graph_tool()
+    graph = tool.file_graph()
+    assert "draftsmith.eval.tree" in graph["draftsmith.eval.loop"]  # a module-level import
+    assert "draftsmith.data.hf_tokenize" in graph["draftsmith.data.dataset"]  # an import inside a function
+    assert tool.cycles({"a": {"b": []}, "b": {"a": []}, "c": {}}) == [["a", "b"]]
+    assert tool.floors({"a": {"b": []}, "b": {"c": []}, "c": {}}) == {"a": 2, "b": 1, "c": 0}
+
+
+def test_no_import_circles_between_files():
+    """eval/loop <-> eval/tree, data/dataset <-> data/hf_tokenize, data/formats <-> data/hf_sources and the
+    registries (heads/__init__ <-> kind files, export/__init__ <-> exporters) were circles hidden by lazy imports."""
+    tool = _graph_tool()
+    graph = tool.file_graph()
+    found = tool.cycles(graph)
+    detail = [{u: {v: graph[u][v][:2] for v in comp if v in graph[u]} for u in comp} for comp in found]
+    assert not found, f"import circles between draftsmith's files: {detail}"
+
+
+def test_the_library_never_imports_a_command_module():
+    commands = command_modules()
+    graph = _graph_tool().file_graph()
+    bad = {f"{src} -> {dst}": where[:2] for src, edges in graph.items() if src not in commands
+           for dst, where in edges.items() if dst in commands}
+    assert not bad, f"library modules importing command modules (move the function into the library): {bad}"
+
+
+# train/, eval/ and export/ stand side by side on the core; the one arrow between them, and why.
+ALLOWED_BETWEEN_STAGES = {
+    # train.init_from warm-starts from an export directory through that format's own re-import (load_back)
+    ("draftsmith.train.checkpoint", "draftsmith.export"),
+}
+
+
+def test_train_eval_and_export_stand_side_by_side():
+    commands = command_modules()
+    stages = ("train", "eval", "export")
+    graph = _graph_tool().file_graph()
+    crossing = {}
+    for src, edges in graph.items():
+        a = _unit(src)
+        if src in commands or a not in stages:
+            continue
+        for dst, where in edges.items():
+            b = _unit(dst)
+            if b in stages and b != a and (src, dst) not in ALLOWED_BETWEEN_STAGES:
+                crossing[f"{src} -> {dst}"] = where[:2]
+    assert not crossing, f"train/, eval/ and export/ import each other: {crossing}"
