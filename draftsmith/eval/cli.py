@@ -15,7 +15,9 @@ import argparse
 import datetime as _dt
 import shlex
 import sys
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -138,7 +140,63 @@ def check_args(args: argparse.Namespace) -> None:
             raise UserError(message)
 
 
+@dataclass
+class EvalOptions:
+    """Every option of `draftsmith eval`, typed, with the flags' defaults (tests/eval/test_eval_run.py checks
+    they agree with add_arguments): run(EvalOptions(path="runs/x/final", workloads="mt_bench", k=4))."""
+
+    path: Optional[str] = None
+    target: Optional[str] = None
+    revision: Optional[str] = None
+    draft_model: Optional[str] = None
+    draft_revision: Optional[str] = None
+    trust_remote_code: bool = False
+    proposer: Optional[str] = None
+    ngram_max: int = 3
+    ngram_min: int = 1
+    ngram_match: str = "first"
+    workloads: str = "spec_bench"
+    k: int = 5
+    tree: Optional[str] = None
+    tree_depth: int = 5
+    tree_topk: int = 4
+    verify_budget: int = 16
+    tree_calibrate: Optional[str] = None
+    batch_size: Optional[int] = None
+    concurrency_sweep: Optional[str] = None
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    num_prompts: int = 10
+    warmup: int = 1
+    repeats: int = 3
+    seed: int = 0
+    check_lossless: bool = False
+    data_dir: Optional[Path] = None
+    prompt_format: str = "auto"
+    dtype: Optional[str] = None
+    device: str = "auto"
+    out: Optional[Path] = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "EvalOptions":
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+@dataclass
+class EvalRun:
+    results: dict  # the results JSON (docs/results-schema.md)
+    path: Path  # where it was written
+    passed: bool  # False when --check-lossless found a differing output
+
+
 def main(args: argparse.Namespace) -> int:
+    return 0 if run(EvalOptions.from_args(args)).passed else 1
+
+
+def run(args: EvalOptions) -> EvalRun:
+    """Run the drafter on the workloads, print the table, write the results JSON (`draftsmith eval`)."""
     check_args(args)
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     names = workloads.expand([w.strip() for w in args.workloads.split(",") if w.strip()])
@@ -203,14 +261,15 @@ def main(args: argparse.Namespace) -> int:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     shape = f"tree{tree.budget}" if tree else f"k{args.k}"
     path = args.out or Path("results") / f"{drafter_id['kind']}-{shape}-t{args.temperature:g}-{stamp}.json"
-    print(f"[eval] results written to {results.write(out, path)}")
+    written = results.write(out, path)
+    print(f"[eval] results written to {written}")
     if args.check_lossless and not all(r.get("lossless", True) for w in per_workload.values() for r in w.get("batched", [])):
         print("[eval] --check-lossless FAILED: batched greedy output differs from batch-1 target-only output", file=sys.stderr)
-        return 1
+        return EvalRun(out, Path(written), passed=False)
     if args.check_lossless and not out["lossless"]["passed"]:
         print("[eval] --check-lossless FAILED: speculative greedy output differs from target-only output", file=sys.stderr)
-        return 1
-    return 0
+        return EvalRun(out, Path(written), passed=False)
+    return EvalRun(out, Path(written), passed=True)
 
 
 def _does_it_pay(out: dict, k: int | None) -> list[str]:

@@ -243,41 +243,45 @@ def recommend(acc: dict, table: list[dict], batches: list[int], k_max: int, cont
             "speculation_stops_paying_at_batch": min(stops) if stops else None}
 
 
-def main(args: argparse.Namespace) -> int:
+def run(path: str | Path, workload_names: list[str] = ("mt_bench", "gsm8k"), k_max: int = 6, num_prompts: int = 8,
+        max_new_tokens: int = 64, batches: list[int] = (1, 2, 4, 8, 16, 32), contexts: list[int] = (64, 256),
+        repeats: int = 10, overhead_batch: int = 8, validate_batches: list[int] = (), device: str = "auto",
+        out: Path | None = None) -> dict:
+    """Measure and write a checkpoint's speedup profile (the module docstring) to `out` (default
+    PATH/speedup_profile.json); returns the profile. `draftsmith profile` calls this with its flags."""
     from draftsmith.checkpoint import load_drafter
     from draftsmith.eval import proposers, results, runner
 
-    batches, contexts = _ints(args.batches, "--batches"), _ints(args.contexts, "--contexts")
-    validate = _ints(args.validate_batches, "--validate-batches") if args.validate_batches else []
-    names = workloads.expand([w.strip() for w in args.workloads.split(",") if w.strip()])
-    loaded = load_drafter(args.path, device=None if args.device == "auto" else args.device)
+    batches, contexts, validate = list(batches), list(contexts), list(validate_batches)
+    names = workloads.expand([w.strip() for w in workload_names if w.strip()])
+    loaded = load_drafter(path, device=None if device == "auto" else device)
     target, proposer = loaded.target, proposers.from_drafter(loaded.drafter, loaded.target)
     limit = getattr(target.config, "max_position_embeddings", None)
-    if limit is not None and max(contexts) + args.k_max + 1 > limit:
-        raise SystemExit(f"--contexts {args.contexts}: the largest plus k_max + 1 exceeds the target's {limit} positions")
-    print(f"[profile] verify cost grid: batches {batches}, widths 1..{args.k_max + 1}, contexts {contexts}", flush=True)
-    table = measure_verify(target, sorted(set(batches + validate)), list(range(1, args.k_max + 2)), contexts, args.repeats)
+    if limit is not None and max(contexts) + k_max + 1 > limit:
+        raise SystemExit(f"--contexts {contexts}: the largest plus k_max + 1 exceeds the target's {limit} positions")
+    print(f"[profile] verify cost grid: batches {batches}, widths 1..{k_max + 1}, contexts {contexts}", flush=True)
+    table = measure_verify(target, sorted(set(batches + validate)), list(range(1, k_max + 2)), contexts, repeats)
     # prompted as `draftsmith eval` prompts this checkpoint: in the format its drafter was trained with
-    prompt_format = workloads.training_prompt_format(workloads.checkpoint_recipe(args.path), target.tokenizer)
+    prompt_format = workloads.training_prompt_format(workloads.checkpoint_recipe(path), target.tokenizer)
     print(f"[profile] prompt format: {prompt_format} (as in training)", flush=True)
     acceptance, recs, predicted, checks = {}, {}, [], []
     for name in names:
-        items = workloads.load(name, None, args.num_prompts)
-        prompts = [workloads.encode(it, target.tokenizer, prompt_format, (limit or 10**9) - args.max_new_tokens)[0]
+        items = workloads.load(name, None, num_prompts)
+        prompts = [workloads.encode(it, target.tokenizer, prompt_format, (limit or 10**9) - max_new_tokens)[0]
                    for it in items]
-        print(f"[profile] {name}: acceptance at k = {args.k_max} over {len(prompts)} prompts", flush=True)
-        acc = measure_acceptance(target, proposer, prompts, args.k_max, args.max_new_tokens)
-        acc.update(measure_loop_overhead(target, proposer, prompts, args.overhead_batch, args.k_max, args.max_new_tokens))
+        print(f"[profile] {name}: acceptance at k = {k_max} over {len(prompts)} prompts", flush=True)
+        acc = measure_acceptance(target, proposer, prompts, k_max, max_new_tokens)
+        acc.update(measure_loop_overhead(target, proposer, prompts, overhead_batch, k_max, max_new_tokens))
         acc["cost_statistic"] = "10th percentile of per-call / per-round samples (unpreempted cost on a shared machine)"
         acceptance[name] = acc
-        ctx = acc["prompt_tokens_mean"] + args.max_new_tokens / 2  # the mean context of a decode round
-        recs[name] = recommend(acc, table, batches, args.k_max, ctx)
+        ctx = acc["prompt_tokens_mean"] + max_new_tokens / 2  # the mean context of a decode round
+        recs[name] = recommend(acc, table, batches, k_max, ctx)
         for c in contexts:
             predicted += [{"workload": name, "context": c, **predict(acc, table, B, k, c)}
-                          for B in batches for k in range(args.k_max + 1)]
+                          for B in batches for k in range(k_max + 1)]
         if validate:
             k_val = max(1, recs[name]["best_k_by_batch"][str(min(batches))]["k"])
-            s = runner.EvalSettings(k=k_val, max_new_tokens=args.max_new_tokens, num_prompts=args.num_prompts,
+            s = runner.EvalSettings(k=k_val, max_new_tokens=max_new_tokens, num_prompts=num_prompts,
                                     warmup=1, seed=0, check_lossless=False)
             for row in runner.run_batched(target, proposer, name, s, validate):
                 p = predict(acc, table, row["batch_size"], k_val, ctx)["speedup"]
@@ -290,21 +294,31 @@ def main(args: argparse.Namespace) -> int:
         "schema": SCHEMA, "schema_version": 1,
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": "draftsmith profile " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
-        "drafter": {"kind": loaded.drafter.kind, "path": str(args.path)}, "target": target.identity(),
+        "drafter": {"kind": loaded.drafter.kind, "path": str(path)}, "target": target.identity(),
         "hardware": results.hardware(target.device), "software": results.software(),
         "model": "speedup(B,k,c) = E[tau](k) * (T(B,1,c) + B*o_t) / (T(B,k+1,c) + B*(k*d + commit + o_s)); see draftsmith/eval/profile.py",
-        "settings": {"k_max": args.k_max, "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts,
-                     "workloads": names, "batches": batches, "contexts": contexts, "repeats": args.repeats,
+        "settings": {"k_max": k_max, "max_new_tokens": max_new_tokens, "num_prompts": num_prompts,
+                     "workloads": names, "batches": batches, "contexts": contexts, "repeats": repeats,
                      "threads": torch.get_num_threads(), "prompt_format": prompt_format},
         "acceptance": acceptance, "verify_cost": table, "predicted": predicted, "recommendation": recs,
         "recommended_num_speculative_tokens": first["k"], "speculation_pays_at_batch_1": first["k"] > 0,
         "validation": checks,
         "validation_error": {"mean_abs_relative": statistics.fmean(abs(c["relative_error"]) for c in checks)} if checks else None,
     }
-    out = args.out or Path(args.path) / PROFILE_FILE
+    out = out or Path(path) / PROFILE_FILE
     out.write_text(json.dumps(results._clean(profile), indent=1) + "\n")
     print(summary(profile))
     print(f"[profile] written to {out}")
+    return profile
+
+
+def main(args: argparse.Namespace) -> int:
+    run(args.path, args.workloads.split(","), k_max=args.k_max, num_prompts=args.num_prompts,
+        max_new_tokens=args.max_new_tokens, batches=_ints(args.batches, "--batches"),
+        contexts=_ints(args.contexts, "--contexts"),
+        repeats=args.repeats, overhead_batch=args.overhead_batch,
+        validate_batches=_ints(args.validate_batches, "--validate-batches") if args.validate_batches else [],
+        device=args.device, out=args.out)
     return 0
 
 

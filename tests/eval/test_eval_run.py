@@ -1,0 +1,47 @@
+"""Typed functions under the CLIs (issue 18): `draftsmith eval` is eval.cli.run(EvalOptions) and
+`draftsmith profile` is eval.profile.run(path, ...); the commands only build their arguments from
+argparse. The typed defaults must be the flags' defaults."""
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+from dataclasses import fields
+
+from draftsmith.eval import cli as eval_cli
+from draftsmith.eval import profile
+
+
+def parser_defaults(module) -> dict:
+    p = argparse.ArgumentParser()
+    module.add_arguments(p)
+    return {a.dest: a.default for a in p._actions if a.dest != "help"}
+
+
+def test_eval_options_carry_every_flag_with_its_default():
+    flags = parser_defaults(eval_cli)
+    typed = {f.name: f.default for f in fields(eval_cli.EvalOptions)}
+    assert typed == flags
+
+
+def test_profile_run_defaults_are_the_flags_defaults():
+    flags = parser_defaults(profile)
+    sig = inspect.signature(profile.run).parameters
+    ints = {"batches": flags["batches"], "contexts": flags["contexts"]}
+    for name, text in ints.items():
+        assert list(sig[name].default) == [int(x) for x in text.split(",")]
+    assert list(sig["workload_names"].default) == flags["workloads"].split(",")
+    for name in ("k_max", "num_prompts", "max_new_tokens", "repeats", "overhead_batch", "device", "out"):
+        assert sig[name].default == flags[name], name
+    assert list(sig["validate_batches"].default) == [] and flags["validate_batches"] == ""
+
+
+def test_eval_run_is_the_command_as_a_function(tmp_path):
+    """A typed call runs the same code as the command and returns the results it wrote."""
+    out = tmp_path / "r.json"
+    done = eval_cli.run(eval_cli.EvalOptions(target="builtin:pycode-tiny", proposer="ngram", workloads="pycode",
+                                             k=3, num_prompts=2, max_new_tokens=16, repeats=3, check_lossless=True,
+                                             out=out, device="cpu"))
+    assert done.passed and done.path == out
+    assert json.loads(out.read_text()) == json.loads(json.dumps(done.results))
+    assert done.results["config"]["k"] == 3 and "pycode" in done.results["workloads"]
