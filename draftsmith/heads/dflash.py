@@ -39,6 +39,7 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
 
+from draftsmith import packing
 from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.draft_layer import draft_layer_config, rotary
 from draftsmith.heads.shared import Frozen, aux_layer_problems, draft_vocabulary, resolve_aux_layer_ids
@@ -220,13 +221,16 @@ class BlockDrafting:
         block[:, ::B] = ids.gather(1, anchors)  # slot 0 of each block: the anchor token
         return block, pos
 
-    def training_mask(self, anchors: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def training_mask(self, anchors: torch.Tensor, attention_mask: torch.Tensor,
+                      documents: torch.Tensor | None = None) -> torch.Tensor:
         """[b, A] anchors -> [b, 1, A*B, s + A*B] bool: block j sees context positions < its anchor
-        (real tokens only) and its own B slots, nothing else."""
+        (real tokens only, of the anchor's document when packed: documents [b, s]) and its own B slots."""
         b, A = anchors.shape
         s, B = attention_mask.shape[1], self.block_size
         j = torch.arange(s, device=anchors.device)
         ctx = (j[None, None, :] < anchors[..., None]) & attention_mask.bool()[:, None, :]  # [b, A, s]
+        if documents is not None:
+            ctx &= documents[:, None, :] == documents.gather(1, anchors)[..., None]
         ctx = ctx.repeat_interleave(B, dim=1)  # [b, A*B, s]
         blk = torch.arange(A * B, device=anchors.device) // B
         own = (blk[:, None] == blk[None, :]).expand(b, -1, -1)  # [b, A*B, A*B]
@@ -239,7 +243,8 @@ class BlockDrafting:
         ctx = self.context(batch["aux_hidden_states"])  # [b, s, n*h] -> [b, s, h]
         ctx_kv = self.context_kv(ctx, torch.arange(s, device=ids.device).expand(b, s))
         block, pos = self.block_inputs(ids, anchors)
-        hidden = self.block_hidden(block, pos, ctx_kv, self.training_mask(anchors, batch["attention_mask"]))
+        mask = self.training_mask(anchors, batch["attention_mask"], packing.document_ids_of(batch))
+        hidden = self.block_hidden(block, pos, ctx_kv, mask)
         return hidden.view(b, anchors.shape[1], self.block_size, -1)  # [b, A*B, h] -> [b, A, B, h]
 
     def block_logits(self, batch, anchors: torch.Tensor) -> torch.Tensor:
@@ -248,10 +253,14 @@ class BlockDrafting:
 
     # ------------------------------------------------------------------ training
     def valid_anchors(self, batch) -> torch.Tensor:
-        """[b, s] bool: p may anchor a block when p >= 1 and its first drafted token x_{p+1} is a loss token."""
+        """[b, s] bool: p may anchor a block when p >= 1 and its first drafted token x_{p+1} is a loss token
+        (packed rows: p >= 1 and x_{p+1} within p's document)."""
         m = (batch["loss_mask"] * batch["attention_mask"]).bool()
         valid = torch.zeros_like(m)
         valid[:, 1:-1] = m[:, 2:]
+        if "position_ids" in batch:
+            valid &= batch["position_ids"] >= 1
+            valid[:, :-1] &= packing.valid_labels(batch, 1, m.shape[1] - 1).bool()  # x_{p+1} in p's document
         return valid
 
     def anchors_for(self, batch):
@@ -270,6 +279,10 @@ class BlockDrafting:
         src = (pos - 1).clamp(0, s - 1)  # the target position whose next token is the predicted one
         m = (batch["loss_mask"] * batch["attention_mask"]).float()
         mask = m.gather(1, pos.clamp(max=s - 1).flatten(1)).view_as(pos) * inside * anchor_ok[..., None]
+        documents = packing.document_ids_of(batch)
+        if documents is not None:  # packed: only labels in the anchor's document
+            mask = mask * (documents.gather(1, pos.clamp(max=s - 1).flatten(1)).view_as(pos)
+                           == documents.gather(1, anchors)[..., None])
         if not shift:
             mask[..., 0] = 0  # slot 0 is the anchor: no prediction
         logits = batch["target_logits"].float()

@@ -16,6 +16,9 @@ KINDS = {
     "medusa": {"num_heads": 3, "loss": "kl", "greedy_path_only": False},  # random tokens: no greedy path
     "mlp_speculator": {"n_predict": 3},
     "draft_lm": {},
+    # block drafters: more anchors than positions, so the packed row and the document alone train the same blocks
+    "dflash": {"block_size": 4, "num_layers": 2, "num_anchors": 64, "draft_vocab_size": 200},
+    "dspark": {"block_size": 4, "num_layers": 2, "num_anchors": 64, "draft_vocab_size": 200, "markov_rank": 8},
 }
 
 
