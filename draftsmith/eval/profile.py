@@ -244,9 +244,11 @@ def recommend(acc: dict, table: list[dict], batches: list[int], k_max: int, cont
 
 
 def main(args: argparse.Namespace) -> int:
+    from draftsmith.bounds import check_draft_tokens
     from draftsmith.checkpoint import load_drafter
     from draftsmith.eval import proposers, results, runner
 
+    check_draft_tokens(args.k_max, "--k-max")  # before anything loads: --k-max 100000000 would run for days
     batches, contexts = _ints(args.batches, "--batches"), _ints(args.contexts, "--contexts")
     validate = _ints(args.validate_batches, "--validate-batches") if args.validate_batches else []
     names = workloads.expand([w.strip() for w in args.workloads.split(",") if w.strip()])
