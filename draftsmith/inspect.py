@@ -8,7 +8,9 @@ Reads the config and tokenizer only (the model is built on the meta device, no w
 loaded), then prints: layers, hidden size, vocabulary, rope type and parameters (the target's and
 the draft layer's), architecture features (embedding scale, soft-capping, windows, MoE, MLA, ...),
 chat template yes/no, EOS ids, EAGLE-3's default aux layers, offline-cache bytes per token for
-each cache dtype, and the drafter kinds and export formats that work for it (archs.refusals).
+each cache dtype, whether a cached multi-token forward works (cache_check: a small fp32 copy of the
+architecture, k tokens at once against k one at a time), and the drafter kinds and export formats
+that work for it (archs.refusals).
 Exits 1 with the reasons when the target is unsupported (no kind works, or --kind is refused).
 `draftsmith train` runs the same checks (check_for_training) before it loads any data.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 import json
 import sys
 
-from draftsmith import archs
+from draftsmith import archs, cache_check
 
 CACHE_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ROW_BYTES = 5  # input_ids int32 + loss_mask uint8, stored with every cached row
@@ -92,6 +94,9 @@ def report(path: str, revision: str | None = None, trust_remote_code: bool = Fal
     t = archs.traits(config, model)
     hidden, layers = c.hidden_size, c.num_hidden_layers
     kinds = support(config) if not problems else {}
+    cached = ("unchecked", "the model class could not be built") if problems else cache_check.check(config)
+    if cached[0] == "failed":
+        problems = problems + [cached[1]]
     return {
         "target": path,
         "model_type": c.model_type,
@@ -110,6 +115,7 @@ def report(path: str, revision: str | None = None, trust_remote_code: bool = Fal
             kind: {dt: cached_hidden_widths(kind, hidden) * size + ROW_BYTES for dt, size in CACHE_DTYPES.items()}
             for kind in ("eagle3", "eagle1")},
         "kinds": kinds,
+        "cached_forward": {"status": cached[0], "detail": cached[1]},
         "problems": problems,
     }
 
@@ -131,6 +137,8 @@ def format_text(rep: dict) -> str:
     for kind, label in (("eagle3", "eagle3 (3 aux layers)"), ("eagle1", "eagle1 / medusa / mlp_speculator / draft_lm (last hidden)")):
         sizes = ", ".join(f"{dt} {n:,}" for dt, n in rep["feature_bytes_per_token"][kind].items())
         lines.append(f"    {label}: {sizes}")
+    cached = rep.get("cached_forward") or {}
+    lines.append(f"  cached multi-token forward (the loop's verification): {cached.get('status')}: {cached.get('detail')}")
     lines.append("  drafter kinds:")
     for kind, info in rep["kinds"].items():
         if info["refusals"]:
@@ -148,6 +156,9 @@ def format_text(rep: dict) -> str:
 def check_for_training(target, kind: str) -> None:
     """`draftsmith train`'s check before loading data: the same refusals inspect prints, as one error."""
     reasons = archs.refusals(target.config, kind)
+    status, detail = cache_check.check(target.config)  # once per training run: a small fp32 copy, no real weights
+    if status == "failed":
+        reasons = reasons + [detail]
     if reasons:
         raise ValueError(f"drafter.kind {kind!r} cannot train for target {target.name} "
                          f"({target.config.model_type}): " + "; ".join(reasons)
