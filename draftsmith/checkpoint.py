@@ -199,13 +199,25 @@ def read_meta(path: Path) -> dict:
     return meta
 
 
+def run_in_dtype(target, dtype: str) -> None:
+    """Cast a loaded (fingerprint-checked) target to `dtype` in place; its recorded fingerprint stays
+    the one of the weights as loaded (a bf16 copy of fp32 weights is the same model, rounded)."""
+    from draftsmith.target import DTYPES
+
+    if dtype not in DTYPES:
+        raise UserError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    _ = target.fingerprint  # computed from the values as loaded, before rounding
+    if target.dtype != DTYPES[dtype]:
+        target.model.to(DTYPES[dtype])
+
+
 def load_drafter(path: str | Path, device: str | None = None, target=None,
                  trust_remote_code: bool = False, dtype: str | None = None) -> LoadedDrafter:
     """Rebuild a trained drafter (and its target, unless given) from a checkpoint directory.
 
     The target's custom code runs only with trust_remote_code=True given here (a received
-    checkpoint's config.yaml cannot turn it on). dtype: load the target in this dtype instead of the
-    recipe's target.dtype (`eval --dtype`)."""
+    checkpoint's config.yaml cannot turn it on). dtype: run the target in this dtype instead of the
+    recipe's target.dtype (`eval --dtype`): it is loaded as trained, its fingerprint checked, then cast."""
     from draftsmith import target as target_mod
     from draftsmith.heads import DRAFTERS
 
@@ -222,15 +234,15 @@ def load_drafter(path: str | Path, device: str | None = None, target=None,
         target_cfg = cfg.target
         if device is not None:
             target_cfg.device = device
-        if dtype is not None:
-            target_cfg.dtype = dtype
-        target = target_mod.from_config(target_cfg)
+        target = target_mod.from_config(target_cfg)  # in the recipe's dtype: the fingerprint is of those values
     expected = meta["target"]["fingerprint"]
     if not target.matches(expected):
         raise ValueError(
             f"{path} was trained for target {meta['target'].get('name')} (fingerprint {expected}), "
             f"but the loaded target {target.name} has fingerprint {target.fingerprint}; load the same target"
         )
+    if dtype is not None:
+        run_in_dtype(target, dtype)
     check_vocab_map(state, target.vocab_size, str(path / "drafter.safetensors"))
     options = config_mod.drafter_options(cfg)
     drafter = DRAFTERS.get(meta["kind"]).from_target(options, target, None)

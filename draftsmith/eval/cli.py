@@ -94,7 +94,7 @@ def _load(args):
         device = None if args.device == "auto" else args.device
         given = None
         if args.target:  # evaluate on this copy of the target; load_drafter checks its fingerprint
-            dtype = args.dtype or read_config(args.path).target.dtype
+            dtype = read_config(args.path).target.dtype  # as trained: --dtype casts after the fingerprint check
             given = target_mod.load(args.target, dtype=dtype, device=args.device,
                                     revision=args.revision, trust_remote_code=args.trust_remote_code)
         loaded = load_drafter(args.path, device=device, target=given, trust_remote_code=args.trust_remote_code,
