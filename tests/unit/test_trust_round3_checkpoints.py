@@ -5,6 +5,7 @@ training is one line, and a target whose cached multi-token forward fails is ref
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import shutil
 import struct
@@ -134,6 +135,14 @@ def test_fingerprint_covers_every_value():
     assert copy.legacy_fingerprints[0] == old_form  # what the old fingerprint could not see
     assert copy.fingerprint != before and not copy.matches(before)
     assert target.matches(old_form)  # a checkpoint written by an older draftsmith still loads
+    h = hashlib.sha256()  # the formula of draftsmith before issue 22, verbatim
+    config = target.config.to_dict()
+    config.pop("_name_or_path", None)
+    h.update(json.dumps(config, sort_keys=True, default=str).encode())
+    for name, p in target.model.state_dict().items():
+        h.update(f"{name}:{tuple(p.shape)}".encode())
+        h.update(p.detach().flatten()[:4096].float().cpu().numpy().tobytes())
+    assert h.hexdigest()[:16] == old_form
 
 
 def test_sharded_load_fingerprint_equals_the_full_one(tmp_path):
