@@ -54,7 +54,7 @@ def write_dir_atomically(final_dir: Path, fill, tmp: Path | None = None, marker:
     if tmp is None:
         tmp = temp_dir_beside(final_dir)  # .NAME.tmp-PID-XXXX: a later run removes it if this one is killed
     try:
-        with disk_full_guard(final_dir, "checkpoint" if marker else "export"):
+        with disk_full_guard(final_dir, "checkpoint" if marker else "export", probe=tmp):
             fill(tmp)
             if marker:
                 (tmp / marker).write_text("ok\n")

@@ -8,7 +8,7 @@ Reading (checkpoints, exports, init_from sources: anything a user may have been 
   - a JSON sidecar (drafter.json, draftsmith.json) must be a JSON object: garbled or other JSON is
     one line naming the file.
 Writing:
-  - a full disk (ENOSPC, EDQUOT) while writing a directory is one line naming it (`disk_full_guard`);
+  - a full disk (ENOSPC, EDQUOT, EFBIG) while writing a directory is one line naming it (`disk_full_guard`);
   - temporary directories are named `.NAME.tmp-PID-XXXX` beside the destination, so that a later
     run can remove those of a killed run (`clean_stale_temps`: only that pattern, only a dead PID);
   - `terminate_cleanly()` turns SIGTERM into SystemExit, so the `finally` blocks that remove a
@@ -112,17 +112,41 @@ def read_json_object(path: str | Path, what: str) -> dict:
     return data
 
 
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # full disk, quota, the file size limit (ulimit -f)
+
+
+def _no_room(exc: BaseException, where: Path) -> bool:
+    """Whether a write failed for want of room. OSError carries errno; safetensors raises a
+    SafetensorError whose text ends "(os error 28)"; torch.save raises a RuntimeError naming no errno
+    (then: whether the device has under 1 MiB left)."""
+    if isinstance(exc, OSError):
+        return exc.errno in NO_ROOM
+    text = str(exc)
+    m = re.search(r"os error (\d+)", text)
+    if m:
+        return int(m.group(1)) in NO_ROOM
+    if isinstance(exc, RuntimeError) and ("inline_container" in text or "PytorchStreamWriter" in text):
+        try:
+            return shutil.disk_usage(where if where.is_dir() else where.parent).free < 2**20
+        except OSError:
+            return False
+    return False
+
+
 @contextlib.contextmanager
-def disk_full_guard(path: Path, what: str):
-    """Re-raise ENOSPC / EDQUOT raised inside the block as one line naming `path`."""
+def disk_full_guard(path: Path, what: str, probe: Path | None = None):
+    """Re-raise a write that failed for want of room (ENOSPC, EDQUOT, EFBIG; from open/write, safetensors
+    or torch.save) inside the block as one line naming `path`; `probe`: where the files are written."""
+    from safetensors import SafetensorError
+
     try:
         yield
-    except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+    except (OSError, SafetensorError, RuntimeError) as exc:
+        if not _no_room(exc, Path(probe or path)):
             raise
         where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
-        raise UserError(f"{path}: no space left on the device while writing the {what}{where}; nothing already "
-                        "there was changed: free space or write elsewhere") from exc
+        raise UserError(f"{path}: no space left on the device (or past the file size limit) while writing the "
+                        f"{what}{where}; nothing already there was changed: free space or write elsewhere") from exc
 
 
 # --------------------------------------------------------------------------- temporary directories

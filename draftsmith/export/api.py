@@ -174,7 +174,7 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
         else:  # a previous export: replace its files only, keep anything else in the directory
             tmp = temp_dir_beside(out)
             try:
-                with disk_full_guard(out, "export"):
+                with disk_full_guard(out, "export", probe=tmp):
                     fill(tmp)
                     replace_export_files(tmp, out)
             finally:

@@ -180,3 +180,25 @@ def test_full_disk_during_export_is_one_line_naming_the_path(eagle3_ckpt, tmp_pa
     line = _one_line(capsys.readouterr().err)
     assert rc == 2 and str(out) in line and "no space left" in line
     assert not out.exists() and not list(tmp_path.glob(".exported.tmp-*"))
+
+
+def _limited_file_size(limit: int):
+    """preexec_fn: files past `limit` bytes fail with EFBIG (SIGXFSZ ignored), a real failing write."""
+    import resource
+
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_a_write_that_runs_out_of_room_is_one_line(eagle3_ckpt, tmp_path):
+    """A real failing write (the file size limit: safetensors raises its own SafetensorError, no OSError)."""
+    out = tmp_path / "exported"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "draftsmith", "export", str(eagle3_ckpt), "--to", "vllm", "--out",
+                           str(out)], env=env, capture_output=True, text=True, timeout=300,
+                          preexec_fn=_limited_file_size(20000))
+    line = _one_line(proc.stderr)
+    assert proc.returncode == 2 and str(out) in line and "no space left" in line and "Traceback" not in proc.stderr
+    assert not out.exists() and not list(tmp_path.glob(".exported.tmp-*"))

@@ -244,3 +244,42 @@ def test_a_cache_that_disagrees_is_refused(monkeypatch):
     monkeypatch.setattr(cache_check, "_logits", wrong)
     status, reason = cache_check.check(tiny_target(num_layers=2, hidden=32).config)
     assert status == "failed" and "disagrees with 3 one-token forwards" in reason
+
+
+SAVE_SMALL = """
+import sys
+from pathlib import Path
+from draftsmith import checkpoint, config
+from draftsmith.heads import DRAFTERS
+from draftsmith.testing import tiny_target
+target = tiny_target(num_layers=2, hidden=32)
+recipe = config.from_dict({"target": {"path": "builtin:pycode-tiny"}, "drafter": {"kind": "eagle3"}})
+drafter = DRAFTERS.get("eagle3").from_target(config.drafter_options(recipe), target, None)
+try:
+    checkpoint.save(Path(sys.argv[1]), drafter, target, recipe, step=3)
+except ValueError as exc:
+    print(exc, file=sys.stderr)
+    sys.exit(2)
+"""
+
+
+def test_a_checkpoint_write_that_runs_out_of_room_is_one_line(tmp_path):
+    """A real failing write while training saves a checkpoint (the file size limit, EFBIG)."""
+    import os
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))
+
+    final = tmp_path / "run" / "final"
+    repo = str(__import__("pathlib").Path(__file__).resolve().parents[2])
+    proc = subprocess.run([sys.executable, "-c", SAVE_SMALL, str(final)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": repo, "PYTHONDONTWRITEBYTECODE": "1"}, preexec_fn=limit)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and str(final) in lines[0] and "no space left" in lines[0]
+    assert not final.exists() and list((tmp_path / "run").iterdir()) == []
