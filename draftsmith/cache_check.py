@@ -82,10 +82,15 @@ def _logits(model, config, ids: torch.Tensor, one_at_a_time: bool) -> torch.Tens
     return torch.stack(steps)  # k x [V] -> [k, V]
 
 
-@torch.no_grad()
 def check(config, k: int = K) -> tuple[str, str]:
     """("ok" | "failed" | "unchecked", reason). "failed": the loop's k-token verification cannot run
-    on this architecture in transformers (the reason says how)."""
+    on this architecture in transformers (the reason says how). The global RNG is left as it was
+    (train seeds before it: golden losses must not move)."""
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        return _check(config, k)
+
+
+def _check(config, k: int) -> tuple[str, str]:
     from transformers import AutoModelForCausalLM
 
     try:

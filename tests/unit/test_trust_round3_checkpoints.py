@@ -283,3 +283,15 @@ def test_a_checkpoint_write_that_runs_out_of_room_is_one_line(tmp_path):
     lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and str(final) in lines[0] and "no space left" in lines[0]
     assert not final.exists() and list((tmp_path / "run").iterdir()) == []
+
+
+def test_the_cache_check_leaves_the_global_rng_alone():
+    """train seeds, then checks the target: the check must not move the drafter's initialisation."""
+    from draftsmith import cache_check
+
+    config = tiny_target(num_layers=2, hidden=32).config  # tiny_target seeds itself: build it first
+    torch.manual_seed(123)
+    expected = torch.rand(4)
+    torch.manual_seed(123)
+    assert cache_check.check(config)[0] == "ok"
+    assert torch.equal(torch.rand(4), expected)
