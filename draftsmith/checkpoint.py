@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +27,12 @@ from typing import Any
 
 import torch
 import yaml
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from draftsmith import __version__
 from draftsmith import config as config_mod
+from draftsmith.errors import UserError
+from draftsmith.files import disk_full_guard, load_safetensors, read_json_object, temp_dir_beside
 
 
 @dataclass
@@ -46,15 +47,17 @@ def write_dir_atomically(final_dir: Path, fill, tmp: Path | None = None, marker:
     """Call fill(tmp_dir) to write files, then move tmp_dir to final_dir in one rename; if fill
     raises, nothing reaches final_dir. Checkpoints get a `marker` file; exports pass None.
 
-    `tmp` may name a directory other ranks already wrote into (see save_collective)."""
+    `tmp` may name a directory other ranks already wrote into (see save_collective). A full disk is
+    one line naming final_dir (files.disk_full_guard)."""
     final_dir = Path(final_dir)
     final_dir.parent.mkdir(parents=True, exist_ok=True)
     if tmp is None:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.tmp-", dir=final_dir.parent))
+        tmp = temp_dir_beside(final_dir)  # .NAME.tmp-PID-XXXX: a later run removes it if this one is killed
     try:
-        fill(tmp)
-        if marker:
-            (tmp / marker).write_text("ok\n")
+        with disk_full_guard(final_dir, "checkpoint" if marker else "export", probe=tmp):
+            fill(tmp)
+            if marker:
+                (tmp / marker).write_text("ok\n")
         if final_dir.exists():
             old = final_dir.with_name(f".{final_dir.name}.old-{os.getpid()}")
             os.replace(final_dir, old)
@@ -99,20 +102,63 @@ def save(path: Path, drafter, target, cfg, step: int, trainer_state: dict | None
 
 
 def read_weights(path: Path) -> dict:
-    """The full drafter state dict stored in a checkpoint directory."""
+    """The full drafter state dict stored in a checkpoint directory (header checked before loading)."""
     file = Path(path) / "drafter.safetensors"
     if not file.exists():
         raise FileNotFoundError(f"no drafter weights at {file}: give a checkpoint directory (step_N/ or final/)")
-    return load_file(str(file))
+    return load_safetensors(file)
+
+
+def fit_state(state: dict, drafter, source: str) -> None:
+    """Load `state` into `drafter` (non-strict on names, strict on shapes); one line naming `source`
+    when a name is missing or unexpected or a shape differs (fc, heads, ... of another size)."""
+    own = drafter.state_dict()
+    wrong = [f"{k} {list(v.shape)} (this drafter: {list(own[k].shape)})" for k, v in state.items()
+             if k in own and tuple(v.shape) != tuple(own[k].shape)]
+    if wrong:
+        shown = "; ".join(wrong[:4]) + (f"; and {len(wrong) - 4} more" if len(wrong) > 4 else "")
+        raise ValueError(f"{source} does not fit this drafter: shape mismatch in {shown}; the weights were trained "
+                         "with other drafter options or for another target")
+    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{source} does not fit this drafter: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
 
 
 def load_weights(path: Path, drafter) -> None:
     """Load drafter weights from a checkpoint into an already built drafter (warm start)."""
     file = Path(path) / "drafter.safetensors"
-    state = read_weights(path)
-    missing, unexpected = drafter.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"{file} does not fit this drafter: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+    fit_state(read_weights(path), drafter, str(file))
+
+
+def check_vocab_map(state: dict, target_vocab: int, source: str) -> None:
+    """A reduced draft vocabulary read from a file: every target id draft_id + d2t[draft_id] lies in
+    0..V-1 and the ids ascend (d2t >= 0 and non-decreasing, as data/draft_vocab.build writes it), and
+    t2d marks exactly those ids. Out of range would be an IndexError (a device assert on a GPU); a
+    negative entry would silently shift the vocabulary."""
+    from draftsmith.data import draft_vocab
+
+    d2t, t2d = state.get("d2t"), state.get("t2d")
+    if d2t is None:
+        return
+    if d2t.dim() != 1 or d2t.is_floating_point() or d2t.dtype == torch.bool:
+        raise ValueError(f"{source}: d2t must be a 1-D integer tensor, got {d2t.dtype} of shape {list(d2t.shape)}")
+    d2t = d2t.long()
+    ids = d2t + torch.arange(d2t.shape[0])
+    problem = None
+    if d2t.numel() and int(d2t.min()) < 0:
+        problem = f"d2t[{int((d2t < 0).nonzero()[0])}] is negative"
+    elif d2t.numel() and int(ids.max()) >= target_vocab:
+        problem = f"draft id {int((ids >= target_vocab).nonzero()[0])} maps past the target vocabulary of {target_vocab}"
+    elif d2t.numel() > 1 and bool((ids[1:] <= ids[:-1]).any()):
+        problem = "the target ids it maps to do not ascend (two draft ids would share a target id)"
+    if problem is None and t2d is not None:
+        try:
+            draft_vocab.check(d2t, t2d)
+        except ValueError as exc:
+            problem = str(exc)
+    if problem:
+        raise ValueError(f"{source}: the draft vocabulary map is invalid: {problem} (target_id = draft_id + "
+                         "d2t[draft_id] must lie in 0..V-1, ascending); the file is damaged or made for another target")
 
 
 # Keys of a checkpoint's config.yaml that are dropped when it is read back: written by earlier versions
@@ -137,34 +183,68 @@ def read_config(path: Path, trust_remote_code: bool = False):
     return cfg
 
 
+def read_meta(path: Path) -> dict:
+    """drafter.json, checked: a JSON object naming a registered kind and the target's fingerprint."""
+    from draftsmith.heads import DRAFTERS
+
+    file = Path(path) / "drafter.json"
+    meta = read_json_object(file, "checkpoint's drafter.json")
+    kind, target = meta.get("kind"), meta.get("target")
+    if not isinstance(kind, str) or kind not in DRAFTERS.names():
+        raise UserError(f"{file}: kind {str(kind)[:40]!r} is not a drafter kind draftsmith knows "
+                        f"({', '.join(sorted(DRAFTERS.names()))}); the checkpoint is damaged or from a newer draftsmith")
+    if not isinstance(target, dict) or not isinstance(target.get("fingerprint"), str):
+        raise UserError(f"{file}: no target fingerprint (key target.fingerprint); the checkpoint is damaged: "
+                        "without it draftsmith cannot check that the drafter runs on the target it was trained for")
+    return meta
+
+
+def run_in_dtype(target, dtype: str) -> None:
+    """Cast a loaded (fingerprint-checked) target to `dtype` in place; its recorded fingerprint stays
+    the one of the weights as loaded (a bf16 copy of fp32 weights is the same model, rounded)."""
+    from draftsmith.target import DTYPES
+
+    if dtype not in DTYPES:
+        raise UserError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    _ = target.fingerprint  # computed from the values as loaded, before rounding
+    if target.dtype != DTYPES[dtype]:
+        target.model.to(DTYPES[dtype])
+
+
 def load_drafter(path: str | Path, device: str | None = None, target=None,
-                 trust_remote_code: bool = False) -> LoadedDrafter:
+                 trust_remote_code: bool = False, dtype: str | None = None) -> LoadedDrafter:
     """Rebuild a trained drafter (and its target, unless given) from a checkpoint directory.
 
     The target's custom code runs only with trust_remote_code=True given here (a received
-    checkpoint's config.yaml cannot turn it on)."""
+    checkpoint's config.yaml cannot turn it on). dtype: run the target in this dtype instead of the
+    recipe's target.dtype (`eval --dtype`): it is loaded as trained, its fingerprint checked, then cast."""
     from draftsmith import target as target_mod
     from draftsmith.heads import DRAFTERS
 
     path = Path(path)
     if not (path / "drafter.json").exists():
         raise FileNotFoundError(f"{path} is not a draftsmith checkpoint (no drafter.json); expected e.g. runs/NAME/final")
-    meta = json.loads((path / "drafter.json").read_text())
+    meta = read_meta(path)
     cfg = read_config(path, trust_remote_code)
+    if meta["kind"] != cfg.drafter.kind:
+        raise UserError(f"{path}: drafter.json names kind {meta['kind']!r} but config.yaml trains "
+                        f"drafter.kind {cfg.drafter.kind!r}; the checkpoint is damaged (its two files disagree)")
+    state = read_weights(path)  # header checked before anything is built
     if target is None:
         target_cfg = cfg.target
         if device is not None:
             target_cfg.device = device
-        target = target_mod.from_config(target_cfg)
+        target = target_mod.from_config(target_cfg)  # in the recipe's dtype: the fingerprint is of those values
     expected = meta["target"]["fingerprint"]
     if not target.matches(expected):
         raise ValueError(
-            f"{path} was trained for target {meta['target']['name']} (fingerprint {expected}), "
+            f"{path} was trained for target {meta['target'].get('name')} (fingerprint {expected}), "
             f"but the loaded target {target.name} has fingerprint {target.fingerprint}; load the same target"
         )
+    if dtype is not None:
+        run_in_dtype(target, dtype)
+    check_vocab_map(state, target.vocab_size, str(path / "drafter.safetensors"))
     options = config_mod.drafter_options(cfg)
     drafter = DRAFTERS.get(meta["kind"]).from_target(options, target, None)
-    load_weights(path, drafter)
+    fit_state(state, drafter, str(path / "drafter.safetensors"))
     return LoadedDrafter(drafter=drafter.eval(), target=target, config=cfg, meta=meta)
-
-

@@ -8,8 +8,10 @@ Reads the config and tokenizer only (the model is built on the meta device, no w
 loaded), then prints: layers, hidden size, vocabulary, rope type and parameters (the target's and
 the draft layer's), architecture features (embedding scale, soft-capping, windows, MoE, MLA, ...),
 chat template yes/no, EOS ids, EAGLE-3's default aux layers, offline-cache bytes per token for
-each cache dtype, and the drafter kinds and export formats that work for it (export.refusals: the
-kind's class and each format's layout answer; every registered kind is listed).
+each cache dtype, whether a cached multi-token forward works (cache_check: a small fp32 copy of the
+architecture, k tokens at once against k one at a time), and the drafter kinds and export formats
+that work for it (export.refusals: the kind's class and each format's layout answer; every
+registered kind is listed).
 Exits 1 with the reasons when the target is unsupported (no kind works, or --kind is refused).
 `draftsmith train` runs the same checks (check_for_training) before it loads any data.
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 import json
 import sys
 
-from draftsmith import archs
+from draftsmith import archs, cache_check
 
 CACHE_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ROW_BYTES = 5  # input_ids int32 + loss_mask uint8, stored with every cached row
@@ -105,6 +107,9 @@ def report(path: str, revision: str | None = None, trust_remote_code: bool = Fal
     t = archs.traits(config, model)
     hidden, layers = c.hidden_size, c.num_hidden_layers
     kinds = support(config) if not problems else {}
+    cached = ("unchecked", "the model class could not be built") if problems else cache_check.check(config)
+    if cached[0] == "failed":
+        problems = problems + [cached[1]]
     return {
         "target": path,
         "model_type": c.model_type,
@@ -123,6 +128,7 @@ def report(path: str, revision: str | None = None, trust_remote_code: bool = Fal
             kind: {dt: cached_hidden_widths(kind, hidden, layers) * size + ROW_BYTES for dt, size in CACHE_DTYPES.items()}
             for kind in kinds} if not problems else {},
         "kinds": kinds,
+        "cached_forward": {"status": cached[0], "detail": cached[1]},
         "problems": problems,
     }
 
@@ -143,6 +149,8 @@ def format_text(rep: dict) -> str:
              "  offline feature cache at default options, bytes per token (incl. 5 for ids + mask):"]
     for kind, sizes in rep["feature_bytes_per_token"].items():
         lines.append(f"    {kind}: " + ", ".join(f"{dt} {n:,}" for dt, n in sizes.items()))
+    cached = rep.get("cached_forward") or {}
+    lines.append(f"  cached multi-token forward (the loop's verification): {cached.get('status')}: {cached.get('detail')}")
     lines.append("  drafter kinds:")
     for kind, info in rep["kinds"].items():
         if info["refusals"]:

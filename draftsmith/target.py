@@ -21,6 +21,17 @@ BUILTIN_DIR = Path(__file__).parent / "assets"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+LEGACY_PREFIX = 4096  # values per tensor the fingerprint covered before every value was hashed
+HASH_CHUNK = 1 << 20  # values hashed per step (4 MB as float32)
+
+
+def hash_values(h, flat: torch.Tensor) -> None:
+    """h.update with the float32 bytes of a flat tensor, HASH_CHUNK values at a time (the same digest
+    as hashing all bytes at once, without a full-size float32 copy)."""
+    for start in range(0, flat.numel(), HASH_CHUNK):
+        h.update(flat[start:start + HASH_CHUNK].float().cpu().numpy())  # the array's buffer: no extra bytes copy
+
+
 @dataclass
 class TargetOutput:
     logits: torch.Tensor  # [b, s, V]
@@ -43,9 +54,23 @@ def resolve_path(path: str) -> str:
 
 
 def resolve_device(device: str) -> torch.device:
+    """auto -> cuda when available, else cpu; a device that does not exist here is one line naming it."""
+    from draftsmith.errors import UserError
+
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise UserError(f"device {device!r} is not a torch device; give auto, cpu, cuda or cuda:N") from None
+    if resolved.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise UserError(f"device {device!r}: CUDA is not available on this machine (this torch: "
+                            f"{torch.__version__}); use --device cpu or auto (target.device for a recipe)")
+        if resolved.index is not None and resolved.index >= count:
+            raise UserError(f"device {device!r}: this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
+    return resolved
 
 
 class Target:
@@ -60,7 +85,7 @@ class Target:
         self.path = path or name  # where it was loaded from, as given
         self.config = model.config
         self._fingerprint: Optional[str] = None
-        self._legacy_fingerprint: Optional[str] = None
+        self._legacy_fingerprint: Optional[tuple[str, str]] = None
 
     # ---- shape facts
     @property
@@ -136,26 +161,44 @@ class Target:
 
     @property
     def fingerprint(self) -> str:
-        """sha256 over the config and, per parameter, its name, shape and first 4096 values. The
-        path it was loaded from (config._name_or_path) is left out: a copy of the model elsewhere
-        has the same fingerprint."""
+        """sha256 over the config and, per parameter, its name, shape and EVERY value (as float32,
+        streamed in chunks of HASH_CHUNK values: a bf16 and an fp32 load of the same bf16 weights
+        agree, and no full-size copy is made). The path it was loaded from (config._name_or_path) is
+        left out: a copy of the model elsewhere has the same fingerprint."""
         if self._fingerprint is None:
-            self._fingerprint = self._hash(with_path=False)
+            self._fingerprint = self._hash(with_path=False, prefix=None)
         return self._fingerprint
 
     @property
-    def legacy_fingerprint(self) -> str:
-        """The fingerprint as draftsmith computed it before leaving the load path out."""
+    def legacy_fingerprints(self) -> tuple[str, str]:
+        """The fingerprint as earlier draftsmith versions computed it (the first 4,096 values of each
+        tensor, with and without the load path), which checkpoints and caches written then record."""
         if self._legacy_fingerprint is None:
-            self._legacy_fingerprint = self._hash(with_path=True)
+            self._legacy_fingerprint = (self._hash(with_path=False, prefix=LEGACY_PREFIX),
+                                        self._hash(with_path=True, prefix=LEGACY_PREFIX))
         return self._legacy_fingerprint
 
-    def matches(self, fingerprint: str | None) -> bool:
-        """Whether a recorded fingerprint names this model (also in the legacy form that checkpoints
-        and caches written before then record)."""
-        return fingerprint == self.fingerprint or fingerprint == self.legacy_fingerprint
+    @property
+    def legacy_fingerprint(self) -> str:
+        """The oldest form (first 4,096 values, load path included); see legacy_fingerprints."""
+        return self.legacy_fingerprints[1]
 
-    def _hash(self, with_path: bool) -> str:
+    def matches(self, fingerprint: str | None) -> bool:
+        """Whether a recorded fingerprint names this model. A fingerprint in a legacy form (written by an
+        older draftsmith) only vouches for the first 4,096 values of each tensor; it is still accepted,
+        with a note on stderr, so that older checkpoints and caches load."""
+        if fingerprint == self.fingerprint:
+            return True
+        if fingerprint in self.legacy_fingerprints:
+            import sys
+
+            print(f"[draftsmith] note: fingerprint {fingerprint} was recorded by an older draftsmith and covers only "
+                  f"the first 4,096 values of each of {self.name}'s tensors (re-save to record the full one)",
+                  file=sys.stderr)
+            return True
+        return False
+
+    def _hash(self, with_path: bool, prefix: int | None) -> str:
         h = hashlib.sha256()
         config = self.config.to_dict()
         if not with_path:
@@ -163,7 +206,8 @@ class Target:
         h.update(json.dumps(config, sort_keys=True, default=str).encode())
         for name, p in self.model.state_dict().items():
             h.update(f"{name}:{tuple(p.shape)}".encode())
-            h.update(p.detach().flatten()[:4096].float().cpu().numpy().tobytes())
+            flat = p.detach().reshape(-1)
+            hash_values(h, flat if prefix is None else flat[:prefix])
         return h.hexdigest()[:16]
 
     def identity(self) -> dict:

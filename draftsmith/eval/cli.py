@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import math
 import shlex
 import sys
 from dataclasses import dataclass, fields
@@ -43,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", default="spec_bench",
                    help=f"comma-separated: {', '.join(sorted(set(workloads.WORKLOADS.names()) | set(workloads.GROUPS)))}, "
                         "jsonl:PATH")
-    p.add_argument("--k", type=int, default=5, help="draft tokens per round (chain drafting)")
+    p.add_argument("--k", type=int, default=5, help="draft tokens per round (chain drafting), 1..64 (k = 0, target-only "
+                                                  "decoding, is the baseline every run measures)")
     p.add_argument("--tree", choices=["dynamic", "static"], default=None,
                    help="tree drafting: dynamic = EAGLE-2 expand + rerank; static = Medusa sparse tree (eval/tree.py)")
     p.add_argument("--tree-depth", type=int, default=5, help="--tree: deepest draft position")
@@ -71,7 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="auto: a checkpoint's training format (its recipe's chat template or draftsmith's "
                         "plain chat format; raw for text-trained drafters); other proposers: the chat template "
                         "if the tokenizer has one, else raw text")
-    p.add_argument("--dtype", default=None, help="target dtype (default float32, or the checkpoint's)")
+    p.add_argument("--dtype", default=None, help="target dtype: float32, bfloat16 or float16 (default float32, or the "
+                                                  "checkpoint's target.dtype); results record the dtype used")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", type=Path, default=None, help="results JSON path (default results/<name>-<time>.json)")
 
@@ -93,10 +96,11 @@ def _load(args):
         device = None if args.device == "auto" else args.device
         given = None
         if args.target:  # evaluate on this copy of the target; load_drafter checks its fingerprint
-            dtype = args.dtype or read_config(args.path).target.dtype
+            dtype = read_config(args.path).target.dtype  # as trained: --dtype casts after the fingerprint check
             given = target_mod.load(args.target, dtype=dtype, device=args.device,
                                     revision=args.revision, trust_remote_code=args.trust_remote_code)
-        loaded = load_drafter(args.path, device=device, target=given, trust_remote_code=args.trust_remote_code)
+        loaded = load_drafter(args.path, device=device, target=given, trust_remote_code=args.trust_remote_code,
+                              dtype=args.dtype)
         drafter, target = loaded.drafter, loaded.target
         log = Path(args.path).parent / "metrics.jsonl"
         identity = {"kind": loaded.meta.get("kind", drafter.kind), "name": Path(args.path).resolve().parent.name,
@@ -126,18 +130,58 @@ def _load(args):
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Refuse out-of-range flags with one line naming the flag and the fix."""
-    problems = [(args.k < 0, f"--k {args.k}: must be >= 0 (0 runs target-only decoding)"),
+    """Refuse out-of-range flags with one line naming the flag and the fix (before anything loads)."""
+    from draftsmith import bounds
+    from draftsmith.target import DTYPES, resolve_device
+
+    finite = all(math.isfinite(v) for v in (args.temperature, args.top_p))
+    problems = [(not math.isfinite(args.temperature), f"--temperature {args.temperature}: must be a finite number >= 0"),
+                (not math.isfinite(args.top_p), f"--top-p {args.top_p}: must lie in (0, 1] (1: off)"),
                 (args.num_prompts < 0, f"--num-prompts {args.num_prompts}: must be >= 0 (0: every prompt)"),
                 (args.max_new_tokens < 1, f"--max-new-tokens {args.max_new_tokens}: must be >= 1"),
                 (args.warmup < 0, f"--warmup {args.warmup}: must be >= 0"),
                 (args.repeats < 3, f"--repeats {args.repeats}: must be >= 3 (a median of fewer timings is noise)"),
-                (args.temperature < 0, f"--temperature {args.temperature}: must be >= 0 (0: greedy)"),
+                (finite and args.temperature < 0, f"--temperature {args.temperature}: must be >= 0 (0: greedy)"),
                 (args.top_k < 0, f"--top-k {args.top_k}: must be >= 0 (0: off)"),
-                (not 0.0 < args.top_p <= 1.0, f"--top-p {args.top_p}: must lie in (0, 1] (1: off)")]
+                (finite and not 0.0 < args.top_p <= 1.0, f"--top-p {args.top_p}: must lie in (0, 1] (1: off)"),
+                (args.batch_size is not None and args.batch_size < 1, f"--batch-size {args.batch_size}: must be >= 1"),
+                (not [w for w in args.workloads.split(",") if w.strip()],
+                 f"--workloads {args.workloads!r}: names no workload; give e.g. --workloads spec_bench,mt_bench"),
+                (args.dtype is not None and args.dtype not in DTYPES,
+                 f"--dtype {args.dtype!r}: choose one of {', '.join(DTYPES)}")]
     for bad, message in problems:
         if bad:
             raise UserError(message)
+    if args.tree:
+        bounds.check_tree(args.tree_depth, args.tree_topk, args.verify_budget)
+    elif args.k == 0:
+        raise UserError("--k 0: target-only decoding against itself measures nothing (every eval already runs k = 0 "
+                        "as the baseline of its speedup); give --k >= 1")
+    else:
+        bounds.check_draft_tokens(args.k, "--k")
+    resolve_device(args.device)  # --device cuda without CUDA: one line now, not after loading the target
+    if args.out is not None:
+        refuse_out_in_a_checkpoint(Path(args.out))
+
+
+def refuse_out_in_a_checkpoint(out: Path) -> None:
+    """--out must not write into a checkpoint or an export (eval --out CKPT/config.yaml breaks it)."""
+    resolved = out.expanduser().resolve()
+    for folder in (resolved, *resolved.parents):
+        for marker, what in (("drafter.json", "checkpoint"), ("draftsmith.json", "draftsmith export")):
+            if (folder / marker).is_file():
+                raise UserError(f"--out {out}: lies inside the {what} {folder} (it holds {marker}); write results "
+                                "elsewhere, e.g. --out results/NAME.json")
+
+
+def check_target_bounds(args: argparse.Namespace, target) -> None:
+    """k or the tree against the loaded target's positions."""
+    from draftsmith import bounds
+
+    if args.tree:
+        bounds.check_tree(args.tree_depth, args.tree_topk, args.verify_budget, target.config)
+    else:
+        bounds.check_draft_tokens(args.k, "--k", target.config)
 
 
 @dataclass
@@ -201,6 +245,7 @@ def run(args: EvalOptions) -> EvalRun:
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     names = workloads.expand([w.strip() for w in args.workloads.split(",") if w.strip()])
     target, proposer, drafter_id = _load(args)
+    check_target_bounds(args, target)
     recipe = workloads.checkpoint_recipe(args.path) if args.path else None
     prompt_format = args.prompt_format
     if args.path and prompt_format == "auto":  # the format the drafter was trained with
@@ -293,7 +338,7 @@ def _does_it_pay(out: dict, k: int | None) -> list[str]:
 
 
 def _batch_sizes(args) -> list[int]:
-    sizes = [args.batch_size] if args.batch_size else []
+    sizes = [args.batch_size] if args.batch_size is not None else []
     if args.concurrency_sweep:
         try:
             sizes += [int(x) for x in args.concurrency_sweep.split(",") if x.strip()]

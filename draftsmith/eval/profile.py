@@ -249,9 +249,11 @@ def run(path: str | Path, workload_names: list[str] = ("mt_bench", "gsm8k"), k_m
         out: Path | None = None) -> dict:
     """Measure and write a checkpoint's speedup profile (the module docstring) to `out` (default
     PATH/speedup_profile.json); returns the profile. `draftsmith profile` calls this with its flags."""
+    from draftsmith.bounds import check_draft_tokens
     from draftsmith.checkpoint import load_drafter
     from draftsmith.eval import proposers, results, runner
 
+    check_draft_tokens(k_max, "--k-max")  # before anything loads: --k-max 100000000 would run for days
     batches, contexts, validate = list(batches), list(contexts), list(validate_batches)
     names = workloads.expand([w.strip() for w in workload_names if w.strip()])
     loaded = load_drafter(path, device=None if device == "auto" else device)

@@ -11,13 +11,14 @@ import dataclasses
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from safetensors.torch import save_file
 
+from draftsmith.errors import UserError
 from draftsmith.export.common import CONFIG_FILE, SIDECAR_FILE, WEIGHTS_FILE, ExportFiles, ExportOptions, num_tokens
+from draftsmith.files import clean_stale_temps, disk_full_guard, temp_dir_beside, terminate_cleanly
 from draftsmith.report.speedup_model import PROFILE_FILE, PROFILE_SCHEMA
 
 
@@ -80,18 +81,39 @@ def check_out_dir(out: Path, source: Path | None, overwrite: bool) -> bool:
     return True
 
 
+def linked_folder(out: Path, rel: str) -> Path | None:
+    """The first folder on the way from `out` to out/rel that is a symbolic link (None if none is):
+    writing there would write wherever the link points, outside --out."""
+    folder = out
+    for part in Path(rel).parts[:-1]:
+        folder = folder / part
+        if folder.is_symlink():
+            return folder
+    return None
+
+
 def replace_export_files(tmp: Path, out: Path) -> None:
     """Move the new export's files from tmp into out one by one (each os.replace is atomic), then
-    remove files the previous export listed that the new one does not write; nothing else is touched."""
+    remove files the previous export listed that the new one does not write; nothing else is touched.
+    Nothing is written through a symbolic link: a linked folder inside out is refused before any
+    file moves, and a file that is a link is replaced as a link (os.replace never follows it)."""
     old = set(previous_export_files(out) or [])
     new = written_files(tmp)
+    for rel in sorted(set(new) | old):
+        link = linked_folder(out, rel)
+        if link is not None:
+            raise UserError(f"--out {out}: {link.relative_to(out)} is a symbolic link (to {os.readlink(link)}); "
+                            "draftsmith does not write through links out of --out: remove the link, or export to "
+                            "a new --out")
     for rel in new:
         dest = out / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp / rel, dest)
     for rel in sorted(old - set(new)):
-        stale = (out / rel).resolve()
-        if out.resolve() in stale.parents and stale.is_file():  # never outside out
+        stale = out / rel
+        if stale.is_symlink():
+            stale.unlink()  # the link itself, never what it points to
+        elif out.resolve() in stale.resolve().parents and stale.is_file():  # never outside out
             stale.unlink()
 
 
@@ -146,15 +168,18 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
         files.sidecar["files"] = sorted(set(written_files(tmp)) | {SIDECAR_FILE})  # what --overwrite may replace
         (tmp / SIDECAR_FILE).write_text(json.dumps(files.sidecar, indent=2, default=str) + "\n")
 
-    if not replacing:
-        write_dir_atomically(out, fill, marker=None)
-    else:  # a previous export: replace its files only, keep anything else in the directory
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-        try:
-            fill(tmp)
-            replace_export_files(tmp, out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    clean_stale_temps(out)  # .OUT.tmp-PID-* of earlier exports that were killed (their PID is gone)
+    with terminate_cleanly():  # SIGTERM runs the clean-ups below instead of leaving .OUT.tmp-* behind
+        if not replacing:
+            write_dir_atomically(out, fill, marker=None)
+        else:  # a previous export: replace its files only, keep anything else in the directory
+            tmp = temp_dir_beside(out)
+            try:
+                with disk_full_guard(out, "export", probe=tmp):
+                    fill(tmp)
+                    replace_export_files(tmp, out)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
     return ExportResult(out_dir=out, serve_command=serve[0], report=report)
 
 

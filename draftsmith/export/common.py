@@ -13,13 +13,11 @@ Aux-layer id conventions (read from each engine's source, see docs/export.md):
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 import torch
-from safetensors.torch import load_file
 
 from draftsmith import __version__
 from draftsmith import config as config_mod
@@ -203,9 +201,19 @@ def read_export(export_dir: Path) -> tuple[dict, dict, dict[str, torch.Tensor]]:
     for name in (CONFIG_FILE, SIDECAR_FILE, WEIGHTS_FILE):
         if not (export_dir / name).exists():
             raise FileNotFoundError(f"{export_dir / name} is missing: {export_dir} is not a complete draftsmith export")
-    config = json.loads((export_dir / CONFIG_FILE).read_text())
-    sidecar = json.loads((export_dir / SIDECAR_FILE).read_text())
-    return config, sidecar, load_file(str(export_dir / WEIGHTS_FILE))
+    from draftsmith.files import load_safetensors, read_json_object
+
+    config = read_json_object(export_dir / CONFIG_FILE, "export's config.json")
+    sidecar = read_json_object(export_dir / SIDECAR_FILE, "export's draftsmith.json")
+    return config, sidecar, load_safetensors(export_dir / WEIGHTS_FILE)
+
+
+def yaml_scalar(value) -> str:
+    """`value` as one YAML scalar that parses back to the same string (a path with '#', ': ', quotes
+    or a leading '-' stays one value), by yaml's own dumper."""
+    import yaml
+
+    return yaml.safe_dump(str(value), default_style='"', width=10**9).strip().removesuffix("\n...").strip()
 
 
 def sha256_tensor(t: torch.Tensor) -> str:
@@ -330,10 +338,18 @@ def verifier_name(loaded, opts: ExportOptions) -> str:
 
 
 def num_tokens(loaded, opts: ExportOptions, default: int) -> int:
-    k = opts.num_speculative_tokens if opts.num_speculative_tokens is not None else default
-    if k < 1:
-        raise ValueError(f"--num-speculative-tokens must be >= 1, got {k}")
-    return int(k)
+    """Draft tokens per round for the serving config: --num-speculative-tokens, else the drafter's
+    default; bounded by draftsmith.bounds (at most MAX_DRAFT_TOKENS, and inside the target's positions)."""
+    from draftsmith.bounds import check_draft_tokens
+
+    if opts.num_speculative_tokens is not None:
+        k, name = opts.num_speculative_tokens, "--num-speculative-tokens"
+    else:
+        k = default
+        trained = getattr(getattr(loaded.drafter, "cfg", None), "ttt_steps", None)
+        name = ("drafter.ttt_steps (the default of --num-speculative-tokens)" if trained == default
+                else "the drafter's default k (--num-speculative-tokens)")
+    return check_draft_tokens(k, name, loaded.target.config)
 
 
 # --------------------------------------------------------------------------- EAGLE-3 layout

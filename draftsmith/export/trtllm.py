@@ -46,6 +46,7 @@ from draftsmith.export.common import (
     rename,
     sidecar,
     verifier_name,
+    yaml_scalar,
 )
 from draftsmith.export.sglang import LLAMA_KEYS
 
@@ -108,7 +109,7 @@ class Eagle3Layout(Layout):
             "speculative_config:\n"
             "  decoding_type: Eagle3\n"
             f"  max_draft_len: {k}\n"
-            f"  speculative_model: {out_dir}\n"
+            f"  speculative_model: {yaml_scalar(out_dir)}\n"  # quoted: a path with '#' or ': ' stays one value
             "  eagle3_one_model: true\n"
             f"  eagle3_layers_to_capture: [{', '.join(str(i) for i in ids)}]\n"
         )

@@ -11,7 +11,8 @@ problem at once:
   5. the verifier's identity (name, architecture, vocab size, hidden size) is recorded and
      matches the target;
   6. round trip: the files re-imported into draftsmith propose exactly the same tokens as the
-     trained drafter on a few contexts (greedy, k tokens each).
+     trained drafter on a few contexts (greedy, k tokens each);
+  7. every floating tensor is finite (a NaN or inf weight would pass the round trip, NaN against NaN).
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def validate_export(export_dir: Path, exporter, loaded, opts: ExportOptions, k: 
     config, side, tensors = read_export(export_dir)
     kind = loaded.drafter.kind
     problems = check_config_keys(config, exporter.required_config_keys(kind))
+    problems += check_finite(tensors)
     if not problems:  # shapes are derived from config keys: only meaningful once they exist
         problems += check_tensors(tensors, exporter.expected_tensors(config, kind))
     if exporter.layout(kind).carries_vocab_map:
@@ -92,6 +94,19 @@ def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, TensorSp
             problems.append(f"model.safetensors: {name} has shape {list(got.shape)}, config.json implies {list(want.shape)}")
         if got.dtype != want.dtype:
             problems.append(f"model.safetensors: {name} has dtype {got.dtype}, expected {want.dtype}")
+    return problems
+
+
+def check_finite(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """One problem per floating tensor holding NaN or inf, naming it and counting the bad values."""
+    problems = []
+    for name in sorted(tensors):
+        t = tensors[name]
+        if t.is_floating_point() and t.numel():
+            bad = int((~torch.isfinite(t)).sum())
+            if bad:
+                problems.append(f"model.safetensors: {name} holds {bad} NaN/inf value(s) of {t.numel()}; the drafter "
+                                "diverged in training (or the file is damaged): export an earlier checkpoint")
     return problems
 
 

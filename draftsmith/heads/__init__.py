@@ -19,7 +19,13 @@ def refusals(config, kind: str) -> list[str]:
 def check_for_training(target, kind: str, options=None) -> None:
     """`draftsmith train`'s check before loading data: the refusals `draftsmith inspect` prints, as one error;
     then the drafter's options against this target (options: the kind's Config; aux layer ids in range)."""
+    from draftsmith import cache_check
+
     reasons = refusals(target.config, kind)
+    if not reasons:
+        status, detail = cache_check.check(target.config)  # once per training run: a small fp32 copy, no real weights
+        if status == "failed":
+            reasons = [detail]
     if reasons:
         raise ValueError(f"drafter.kind {kind!r} cannot train for target {target.name} "
                          f"({target.config.model_type}): " + "; ".join(reasons)

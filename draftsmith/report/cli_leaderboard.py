@@ -224,6 +224,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from draftsmith.bounds import check_draft_tokens
+
+    check_draft_tokens(args.k_max, "--k-max", minimum=0)  # the speedup model predicts k = 0..k_max
     try:
         out = build_leaderboard(args.results, args.out, args.training_log, args.k_max, args.profile)
     except (IncompatibleResultsError, ValueError, FileNotFoundError) as err:

@@ -91,6 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from draftsmith.bounds import check_draft_tokens
+
+    check_draft_tokens(args.k_max, "--k-max", minimum=0)  # the speedup model predicts k = 0..k_max
     try:
         result = load_result(args.result)
         check_compatible([result])

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from draftsmith import config as config_mod
-from draftsmith.checkpoint import LoadedDrafter, load_weights, save
+from draftsmith.checkpoint import LoadedDrafter, check_vocab_map, fit_state, load_weights, save
+from draftsmith.files import read_json_object
 
 STEP_PREFIX = "step_"
 
@@ -152,24 +153,35 @@ def load_init_weights(path: str | Path, drafter, target) -> None:
     that format's own re-import (export/<format>.py load_back)."""
     path = Path(path)
     if (path / "drafter.safetensors").exists():
-        return load_weights(path, drafter)
+        if (path / "drafter.json").exists():
+            check_same_feature_layers(read_json_object(path / "drafter.json", "checkpoint's drafter.json")
+                                      .get("feature_layers"), drafter, path)
+        load_weights(path, drafter)
+        return check_vocab_map(drafter.state_dict(), target.vocab_size, f"train.init_from={path}")
     sidecar_file = path / "draftsmith.json"
     if not sidecar_file.exists():
         raise FileNotFoundError(f"train.init_from={path}: neither a checkpoint (drafter.safetensors) nor a draftsmith "
                                 "export (draftsmith.json); give runs/NAME/final or a `draftsmith export` --out directory")
     from draftsmith.export import EXPORTERS
 
-    sidecar = json.loads(sidecar_file.read_text())
+    sidecar = read_json_object(sidecar_file, "export's draftsmith.json")
     kind, fmt = sidecar.get("drafter_kind"), sidecar.get("format")
     if kind != drafter.kind:
         raise ValueError(f"train.init_from={path}: the export holds a {kind} drafter, this recipe trains "
                          f"{drafter.kind}; warm start from an export of the same kind")
+    check_same_feature_layers(sidecar.get("aux_layer_ids"), drafter, path)
     exported = config_mod.from_dict(sidecar.get("recipe") or {}, str(sidecar_file))
     loaded = LoadedDrafter(drafter=drafter, target=target, config=exported, meta=sidecar.get("checkpoint_meta") or {})
     back = EXPORTERS.get(fmt)().load_back(path, loaded)  # a drafter of this kind (hf: a plain HF model wrapper)
     # the drafter's own state_dict names (a re-imported HF model says how its names map onto the drafter's)
     state = back.drafter_state_dict(drafter, path) if hasattr(back, "drafter_state_dict") else back.state_dict()
-    missing, unexpected = drafter.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"train.init_from={path} does not fit this drafter: missing {sorted(missing)}, "
-                         f"unexpected {sorted(unexpected)}; export and recipe must use the same drafter options")
+    check_vocab_map(state, target.vocab_size, f"train.init_from={path}")
+    fit_state(state, drafter, f"train.init_from={path} (export and recipe must use the same drafter options)")
+
+
+def check_same_feature_layers(recorded, drafter, path: Path) -> None:
+    """A warm start must read the target's layers in the order its weights were trained on: fc's input
+    columns are the aux layers in that order, so [3, 1, 2] weights under [1, 2, 3] are silently wrong."""
+    if isinstance(recorded, list) and list(recorded) != list(drafter.feature_layers()):
+        raise ValueError(f"train.init_from={path} was trained on target layers {recorded} (in that order), this recipe "
+                         f"reads {drafter.feature_layers()}: set drafter.aux_layer_ids to {recorded} or start from scratch")

@@ -338,7 +338,7 @@ def shard_target(ctx: ParallelContext, target) -> None:
     final norm and lm_head stay replicated because the drafter shares them outside the target's forward."""
     from torch.distributed.fsdp import fully_shard
 
-    _ = target.fingerprint, target.legacy_fingerprint  # computed (and cached) from the full weights before sharding
+    _ = target.fingerprint, target.legacy_fingerprints  # computed (and cached) from the full weights before sharding
     layers = getattr(getattr(target.model, "model", None), "layers", None)
     if layers is None:
         raise ValueError(f"target {target.name}: no model.layers to shard; keep the target replicated")

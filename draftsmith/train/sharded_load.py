@@ -76,14 +76,6 @@ class _Weights:
         return torch.frombuffer(buf, dtype=dtype).view(end - start, *shape[1:]) if buf else torch.empty(0, dtype=dtype)
 
 
-def _first_values(weights: "_Weights", name: str, n: int = 4096) -> torch.Tensor:
-    """The first n values of a tensor in row-major order, reading only the rows that hold them."""
-    shape = weights.shape(name)
-    row = math.prod(shape[1:]) if len(shape) > 1 else 1
-    rows = min(shape[0] if shape else 1, math.ceil(n / row))
-    return weights.rows(name, 0, rows).reshape(-1)[:n]
-
-
 def _source_name(name: str, weights: _Weights, tied: bool) -> str:
     if weights.has(name):
         return name
@@ -103,8 +95,13 @@ def fingerprint(model, weights: _Weights, config) -> str:
     h.update(json.dumps(fields, sort_keys=True, default=str).encode())
     for name, p in model.state_dict().items():
         h.update(f"{name}:{tuple(p.shape)}".encode())
-        values = _first_values(weights, _source_name(name, weights, tied))
-        h.update(values.to(p.dtype).float().numpy().tobytes())
+        source = _source_name(name, weights, tied)
+        shape = weights.shape(source)
+        row = math.prod(shape[1:]) if len(shape) > 1 else 1
+        step = max(1, target_mod.HASH_CHUNK // max(row, 1))  # rows per read: about HASH_CHUNK values
+        for start in range(0, shape[0] if shape else 1, step):  # every value, a block of rows at a time
+            target_mod.hash_values(h, weights.rows(source, start, min(start + step, shape[0] if shape else 1))
+                                   .to(p.dtype).reshape(-1))
     return h.hexdigest()[:16]
 
 

@@ -104,7 +104,8 @@ def test_trtllm_config_keys(exports, eagle3_loaded):
     want = [i - 1 for i in eagle3_loaded.drafter.aux_layer_ids]
     assert eagle["eagle_aux_hidden_state_layer_ids"] == want and eagle["use_aux_hidden_state"] is True
     yaml_text = (out / "extra_llm_api_options.yaml").read_text()
-    assert "decoding_type: Eagle3" in yaml_text and f"speculative_model: {out}" in yaml_text
+    spec = __import__("yaml").safe_load(yaml_text)["speculative_config"]
+    assert spec["decoding_type"] == "Eagle3" and spec["speculative_model"] == str(out)
     assert "extra_llm_api_options.yaml" in exports["trtllm"].serve_command
 
 
