@@ -201,10 +201,10 @@ def load(name: str, data_dir: Path | str | None = None, num_prompts: int | None 
 
 def checkpoint_recipe(path: str | Path) -> dict | None:
     """The recipe a training checkpoint was made with (its config.yaml, parsed as data), or None."""
-    import yaml
+    from draftsmith.safe_yaml import load as load_yaml
 
     recipe = Path(path) / "config.yaml"
-    return yaml.safe_load(recipe.read_text()) if recipe.exists() else None
+    return load_yaml(recipe.read_text(encoding="utf-8"), str(recipe)) if recipe.exists() else None
 
 
 def training_prompt_format(recipe: dict | None, tokenizer) -> str:
