@@ -227,6 +227,7 @@ def encode(item: dict, tokenizer, prompt_format: str = "auto", max_tokens: int |
     max_tokens keep their LAST max_tokens tokens (the end is what the model continues).
     """
     from draftsmith.data import chat
+    from draftsmith.data.formats import RowError
 
     if prompt_format not in PROMPT_FORMATS:
         raise ValueError(f"prompt format {prompt_format!r} is not one of {PROMPT_FORMATS}")
@@ -235,7 +236,11 @@ def encode(item: dict, tokenizer, prompt_format: str = "auto", max_tokens: int |
     if prompt_format == "chat" and not has_template:
         raise ValueError("--prompt-format chat needs a tokenizer with a chat template; use auto, plain or raw")
     if prompt_format == "chat" or (prompt_format == "auto" and has_template):
-        ids = chat.encode_prompt(tokenizer, messages, "auto")
+        try:  # the target's own template: bounded in time and output (data/template_bounds.py)
+            ids = chat.encode_prompt(tokenizer, messages, "auto")
+        except RowError as exc:
+            raise ValueError(f"the target's chat template cannot render a prompt ({exc}); fix the template in its "
+                             "tokenizer_config.json, or pass --prompt-format plain") from None
     elif prompt_format == "plain":
         ids = chat.encode_prompt(tokenizer, messages, "plain")
     else:
