@@ -369,14 +369,15 @@ def load_done(output: Path) -> tuple[set[str], bool]:
     if complete and not torn:
         try:
             json.loads(complete[-1])
-        except json.JSONDecodeError:  # a complete but unparsable last line: redo it too
+        except (json.JSONDecodeError, RecursionError):  # a complete but unparsable last line: redo it too
             torn, keep, complete = True, keep - len(complete[-1]) - 1, complete[:-1]
     done: set[str] = set()
     for n, line in enumerate(complete, start=1):
         try:
             done.add(json.loads(line)["id"])
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ValueError(f"{output}:{n}: not a regeneration row ({exc}); the file is damaged in the middle: "
+        except (json.JSONDecodeError, KeyError, TypeError, RecursionError) as exc:
+            reason = " ".join(str(exc).split())[:80] or "nested too deeply"
+            raise ValueError(f"{output}:{n}: not a regeneration row ({reason}); the file is damaged in the middle: "
                              "delete it (or set regenerate.output to a new path) and rerun") from exc
     if torn:
         with open(output, "r+b") as f:

@@ -65,6 +65,8 @@ def _jsonl(path: Path) -> list[dict]:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg})") from e
+                except RecursionError:
+                    raise ValueError(f"{path}:{line_no}: not valid JSON (nested too deeply)") from None
         return rows
 
 

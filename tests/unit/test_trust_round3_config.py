@@ -3,6 +3,7 @@ bounded, every message quotes a bounded value, a non-UTF-8 recipe names its file
 mean nothing (inf, 1e308, a negative seed) are errors naming their key."""
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -113,3 +114,16 @@ def test_sensible_values_still_pass():
     cfg = config.from_dict({}, overrides=["train.lr=2e-4", "train.weight_decay=0.1", "train.seed=4294967295"])
     assert cfg.train.lr == 2e-4 and cfg.train.seed == 2**32 - 1
     assert yaml.safe_load(config.to_yaml(cfg))["train"]["weight_decay"] == 0.1
+
+
+def test_deep_nesting_in_jsonl_is_one_line_naming_the_file_and_line(tmp_path):
+    from draftsmith.data import regenerate
+
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text(json.dumps({"prompt": "ok"}) + "\n" + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ValueError, match=r"mine.jsonl:2: not valid JSON \(nested too deeply\)"):
+        workloads.load(f"jsonl:{prompts}")  # eval --workloads jsonl:PATH
+    out = tmp_path / "regen.jsonl"  # a regeneration output damaged in the middle
+    out.write_text("[" * 100_000 + "]" * 100_000 + "\n" + json.dumps({"id": "a"}) + "\n")
+    with pytest.raises(ValueError, match=r"regen.jsonl:1: not a regeneration row \(.*\); the file is damaged"):
+        regenerate.load_done(out)

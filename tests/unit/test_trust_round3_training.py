@@ -145,3 +145,10 @@ def test_a_full_disk_while_writing_final_keeps_the_last_checkpoint(tiny_run, mon
     monkeypatch.setattr(ckpt_io, "save_file", real)
     resumed = train(tiny_run("full", "train.save_every=2", "train.max_steps=4", "train.resume=true"))
     assert (resumed.final_checkpoint / "COMPLETE").exists()
+
+
+def test_a_drafting_block_past_the_targets_positions_is_refused_up_front(tiny_run):
+    raw = config.to_dict(tiny_run("block"))
+    raw["drafter"] = {"kind": "dflash", "block_size": 5000}
+    with pytest.raises(UserError, match=r"drafter.block_size=5,000 is past the target's 1,024 positions"):
+        Trainer(config.from_dict(raw))
