@@ -409,13 +409,14 @@ def _range_checks(cfg: RecipeConfig) -> list[str]:
     """Numeric ranges of the common sections (each drafter kind checks its own in Config.problems)."""
     t, d, f, r = cfg.train, cfg.data, cfg.features, cfg.regenerate
     rules = [
-        (0 < t.lr <= MAX_LR, f"train.lr: must lie in (0, {MAX_LR:g}], got {t.lr:g}"),
+        (t.lr > 0, f"train.lr: must be > 0, got {t.lr}"),
+        (t.lr <= MAX_LR, f"train.lr: must be <= {MAX_LR:g}, got {t.lr:g}"),
         (0 <= t.seed < 2**32, f"train.seed: must lie in [0, 2**32), got {t.seed}"),
         (0 <= r.seed < 2**32, f"regenerate.seed: must lie in [0, 2**32), got {r.seed}"),
         (0 <= t.min_lr_ratio <= 1, f"train.min_lr_ratio: must lie in [0, 1], got {t.min_lr_ratio}"),
         (t.warmup_steps >= 0, f"train.warmup_steps: must be >= 0, got {t.warmup_steps}"),
-        (0 <= t.weight_decay <= MAX_WEIGHT_DECAY,
-         f"train.weight_decay: must lie in [0, {MAX_WEIGHT_DECAY:g}], got {t.weight_decay:g}"),
+        (t.weight_decay >= 0, f"train.weight_decay: must be >= 0, got {t.weight_decay}"),
+        (t.weight_decay <= MAX_WEIGHT_DECAY, f"train.weight_decay: must be <= {MAX_WEIGHT_DECAY:g}, got {t.weight_decay:g}"),
         (len(t.betas) == 2 and all(0 <= b < 1 for b in t.betas),
          f"train.betas: must be two numbers in [0, 1), got {t.betas}"),
         (t.max_grad_norm >= 0, f"train.max_grad_norm: must be >= 0 (0: no clipping), got {t.max_grad_norm}"),
