@@ -12,7 +12,7 @@ It is built in a temporary sibling directory and moved into place with one renam
 mid-write leaves the previous checkpoint untouched and usable.
 
 Files received from others never run code: trainer_state.pt is read with torch.load(weights_only=True)
-(RNG states are stored as tensors), weights are safetensors, config.yaml is read with yaml.safe_load,
+(RNG states are stored as tensors), weights are safetensors, config.yaml is read with yaml.safe_load within bounds (safe_yaml.py),
 and a checkpoint's own `target.trust_remote_code` is never honoured (load_drafter's caller decides).
 """
 from __future__ import annotations
@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from safetensors.torch import save_file
 
 from draftsmith import __version__
 from draftsmith import config as config_mod
 from draftsmith.errors import UserError
 from draftsmith.files import disk_full_guard, load_safetensors, read_json_object, temp_dir_beside
+from draftsmith.safe_yaml import load as load_yaml
 
 
 @dataclass
@@ -172,7 +172,7 @@ def read_config(path: Path, trust_remote_code: bool = False):
     file = Path(path) / "config.yaml"
     if not file.exists():
         raise FileNotFoundError(f"{file} is missing: {path} is not a complete draftsmith checkpoint")
-    raw = yaml.safe_load(file.read_text()) or {}
+    raw = load_yaml(file.read_text(encoding="utf-8"), str(file)) or {}  # bounded: aliases, depth, repeated keys
     if not isinstance(raw, dict):
         raise ValueError(f"{file}: not a recipe mapping; the checkpoint is damaged")
     for section, key in _RETIRED_KEYS:

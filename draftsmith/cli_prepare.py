@@ -19,13 +19,15 @@ import argparse
 import sys
 
 from draftsmith import config as config_mod
+from draftsmith.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recipe", help="recipe YAML")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides")
     parser.add_argument("--features", action="store_true", help="build the offline feature cache (features.cache_dir)")
-    parser.add_argument("--limit", type=int, default=None, help="regenerate only the first N input rows")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="regenerate only the first N input rows (default: regenerate.limit)")
     parser.add_argument("--api-key-env", default=None, metavar="NAME",
                         help="regenerate.generator=openai: the environment variable holding the server's API key "
                              "(default: DRAFTSMITH_API_KEY when set, else no key)")
@@ -131,6 +133,8 @@ def predict_cache(cfg, log=print) -> dict:
 
 
 def main(args) -> int:
+    if args.limit is not None and args.limit < 1:
+        raise UserError(f"--limit {args.limit}: must be >= 1 (input rows to regenerate)")
     cfg = config_mod.load(args.recipe, args.overrides)
     if args.dry_run:
         predict_cache(cfg)
@@ -145,7 +149,8 @@ def main(args) -> int:
             from draftsmith import target as target_mod
 
             target = target_mod.from_config(cfg.target)
-        summary = run_regenerate(cfg, target, args.limit, api_key_env=args.api_key_env)
+        limit = args.limit if args.limit is not None else cfg.regenerate.limit  # the flag wins, as train has none
+        summary = run_regenerate(cfg, target, limit, api_key_env=args.api_key_env)
         if summary.success == 0:
             print(f"draftsmith prepare: no row was regenerated ({summary.input} read: {summary.error} failed, "
                   f"{summary.skipped} skipped); see the reasons above", file=sys.stderr)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,7 +21,9 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-from draftsmith.errors import ConfigError  # defined beside the other expected errors; raised here
+from draftsmith.errors import ConfigError
+from draftsmith.safe_yaml import YAMLBoundError, short_repr
+from draftsmith.safe_yaml import load as load_yaml  # defined beside the other expected errors; raised here
 
 # --------------------------------------------------------------------------- schema
 
@@ -211,24 +214,24 @@ def _check(value: Any, tp: Any, where: str, problems: list[str]) -> Any:
         if len(options) == 1 and dataclasses.is_dataclass(options[0]):
             problems.extend(errors)  # an optional section: name the bad key inside it
             return out  # the section built from its valid keys
-        problems.append(f"{where}: {value!r} is not {' or '.join(_type_name(a) for a in args)}")
+        problems.append(f"{where}: {short_repr(value)} is not {' or '.join(_type_name(a) for a in args)}")
         return value
     if origin is Literal:
         if value not in args:
             hint = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
             tip = f" (did you mean {hint[0]!r}?)" if hint else ""
-            problems.append(f"{where}: {value!r} is not one of {list(args)}{tip}")
+            problems.append(f"{where}: {short_repr(value)} is not one of {list(args)}{tip}")
         return value
     if origin is list:
         if isinstance(value, (str, int, float)) and args and args[0] is str:
             value = [value]  # a single path may be written without a list
         if not isinstance(value, list):
-            problems.append(f"{where}: expected a list, got {value!r}")
+            problems.append(f"{where}: expected a list, got {short_repr(value)}")
             return value
         return [_check(v, args[0], f"{where}[{i}]", problems) for i, v in enumerate(value)] if args else value
     if origin is dict:
         if not isinstance(value, dict):
-            problems.append(f"{where}: expected a mapping, got {value!r}")
+            problems.append(f"{where}: expected a mapping, got {short_repr(value)}")
         return value
     if tp is float:
         if isinstance(value, str):  # YAML 1.1 reads 2e-4 (no dot) as a string
@@ -237,20 +240,23 @@ def _check(value: Any, tp: Any, where: str, problems: list[str]) -> Any:
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            problems.append(f"{where}: expected a number, got {value!r}")
+            problems.append(f"{where}: expected a number, got {short_repr(value)}")
+            return value
+        if not math.isfinite(float(value)):  # .inf / .nan (YAML) are never a setting
+            problems.append(f"{where}: expected a finite number, got {value}")
             return value
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            problems.append(f"{where}: expected an integer, got {value!r}")
+            problems.append(f"{where}: expected an integer, got {short_repr(value)}")
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            problems.append(f"{where}: expected true or false, got {value!r}")
+            problems.append(f"{where}: expected true or false, got {short_repr(value)}")
         return value
     if tp is str:
         if not isinstance(value, str):
-            problems.append(f"{where}: expected a string, got {value!r}")
+            problems.append(f"{where}: expected a string, got {short_repr(value)}")
         return value
     return value
 
@@ -268,7 +274,7 @@ def _build(cls: type, data: Any, where: str, problems: list[str]) -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        problems.append(f"{where or 'recipe'}: expected a mapping, got {data!r}")
+        problems.append(f"{where or 'recipe'}: expected a mapping, got {short_repr(data)}")
         return cls()
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
@@ -305,7 +311,10 @@ def apply_override(raw: dict, assignment: str) -> None:
     if "=" not in assignment:
         raise ConfigError("command line", [f"override {assignment!r} must look like key.sub=value"])
     key, text = assignment.split("=", 1)
-    value = yaml.safe_load(text) if text != "" else ""
+    try:
+        value = load_yaml(text, f"override {key.strip()}") if text != "" else ""
+    except YAMLBoundError as exc:
+        raise ConfigError("command line", [str(exc)]) from None
     parts = key.strip().split(".")
     node = raw
     for part in parts[:-1]:
@@ -340,7 +349,12 @@ def _validate_drafter(cfg: RecipeConfig, problems: list[str]) -> None:
 
 
 def from_dict(raw: dict, source: str = "recipe", overrides: list[str] | None = None) -> RecipeConfig:
-    raw = yaml.safe_load(yaml.safe_dump(raw or {}))  # deep copy, plain types only
+    try:  # deep copy, plain types only, within the bounds of safe_yaml (depth, expanded size)
+        raw = load_yaml(yaml.safe_dump(raw or {}), source)
+    except RecursionError:
+        raise ConfigError(source, ["nested too deeply to read; flatten the recipe"]) from None
+    except YAMLBoundError as exc:
+        raise ConfigError(source, [exc.detail]) from None
     for assignment in overrides or []:
         apply_override(raw, assignment)
     _split_drafter(raw)
@@ -385,14 +399,24 @@ def _drafter_range_checks(cfg: RecipeConfig) -> list[str]:
     return options.problems() if hasattr(options, "problems") else []
 
 
+# Bounds past which a value means nothing (a NaN checkpoint, or memory no machine has).
+MAX_LR = 10.0
+MAX_WEIGHT_DECAY = 10.0  # AdamW multiplies it by lr: lr * weight_decay >= 1 flips the weights' sign
+MAX_TOKENS = 1 << 20  # one training row; the target's own position limit is checked when it is loaded
+
+
 def _range_checks(cfg: RecipeConfig) -> list[str]:
     """Numeric ranges of the common sections (each drafter kind checks its own in Config.problems)."""
     t, d, f, r = cfg.train, cfg.data, cfg.features, cfg.regenerate
     rules = [
         (t.lr > 0, f"train.lr: must be > 0, got {t.lr}"),
+        (t.lr <= MAX_LR, f"train.lr: must be <= {MAX_LR:g}, got {t.lr:g}"),
+        (0 <= t.seed < 2**32, f"train.seed: must lie in [0, 2**32), got {t.seed}"),
+        (0 <= r.seed < 2**32, f"regenerate.seed: must lie in [0, 2**32), got {r.seed}"),
         (0 <= t.min_lr_ratio <= 1, f"train.min_lr_ratio: must lie in [0, 1], got {t.min_lr_ratio}"),
         (t.warmup_steps >= 0, f"train.warmup_steps: must be >= 0, got {t.warmup_steps}"),
         (t.weight_decay >= 0, f"train.weight_decay: must be >= 0, got {t.weight_decay}"),
+        (t.weight_decay <= MAX_WEIGHT_DECAY, f"train.weight_decay: must be <= {MAX_WEIGHT_DECAY:g}, got {t.weight_decay:g}"),
         (len(t.betas) == 2 and all(0 <= b < 1 for b in t.betas),
          f"train.betas: must be two numbers in [0, 1), got {t.betas}"),
         (t.max_grad_norm >= 0, f"train.max_grad_norm: must be >= 0 (0: no clipping), got {t.max_grad_norm}"),
@@ -401,6 +425,9 @@ def _range_checks(cfg: RecipeConfig) -> list[str]:
         (t.save_every >= 0, f"train.save_every: must be >= 0 (0: only the final checkpoint), got {t.save_every}"),
         (t.keep_last >= 1, f"train.keep_last: must be >= 1, got {t.keep_last}"),
         (t.eval_every >= 0, f"train.eval_every: must be >= 0, got {t.eval_every}"),
+        (d.max_length <= MAX_TOKENS, f"data.max_length: must be <= {MAX_TOKENS:,} tokens, got {d.max_length:,}"),
+        (d.pack_length is None or d.pack_length <= MAX_TOKENS,
+         f"data.pack_length: must be <= {MAX_TOKENS:,} tokens or null, got {d.pack_length}"),
         (d.max_samples is None or d.max_samples >= 1, f"data.max_samples: must be >= 1 or null, got {d.max_samples}"),
         (d.eval_samples >= 0, f"data.eval_samples: must be >= 0, got {d.eval_samples}"),
         (d.text_chunk_tokens >= 2, f"data.text_chunk_tokens: must be >= 2, got {d.text_chunk_tokens}"),
@@ -419,13 +446,16 @@ def _range_checks(cfg: RecipeConfig) -> list[str]:
 def load(path: str | Path, overrides: list[str] | None = None) -> RecipeConfig:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         raise ConfigError(str(path), [f"cannot read the recipe: {exc.strerror}"]) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), [f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                                      "save the recipe as UTF-8"]) from None
     try:
-        raw = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(str(path), [f"not valid YAML: {exc}"]) from exc
+        raw = load_yaml(text, str(path)) or {}
+    except YAMLBoundError as exc:  # bad syntax, aliases past a bound, deep nesting, a repeated key
+        raise ConfigError(str(path), [exc.detail]) from None
     if not isinstance(raw, dict):
         raise ConfigError(str(path), ["the recipe must be a YAML mapping at top level"])
     return from_dict(raw, str(path), overrides)

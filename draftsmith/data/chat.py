@@ -69,12 +69,19 @@ def render_plain(tokenizer, messages: list[dict], add_generation_prompt: bool = 
 
 
 def _apply(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
+    """The tokenizer's template, bounded in time and output (data/template_bounds.py); the sandbox's
+    refusals, includes and bounds become a RowError with one line."""
     from jinja2 import TemplateError
 
+    from draftsmith.data import template_bounds
+
+    template_bounds.install()
     try:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-    except (TemplateError, ValueError) as exc:
-        raise RowError(TEMPLATE_ERROR, str(exc)) from exc
+    except (TemplateError, ValueError, TypeError) as exc:
+        raise RowError(TEMPLATE_ERROR, " ".join(str(exc).split())[:300]) from exc
+    except RecursionError:
+        raise RowError(TEMPLATE_ERROR, "the chat template recurses too deeply") from None
 
 
 def _trim_end(tokenizer, text: str, start: int, end: int) -> int:

@@ -11,16 +11,26 @@ even after an interrupted first run. Row ids are "path:line" (unique over all in
 Accounting: success + error + skipped == input, printed and stored in OUTPUT.summary.json.
 Rows that failed (error) are not written, so a rerun retries them.
 
-The openai generator's API key comes only from the command line (--api-key-env NAME) or the
-fixed variable DRAFTSMITH_API_KEY, never from a recipe; it is never sent over plain http except
-to localhost, and the endpoint is printed before the first request.
+The openai generator's API key is never chosen by a recipe (which names the endpoint): it is sent
+only when the command line names its variable (--api-key-env NAME), or, for the fixed variable
+DRAFTSMITH_API_KEY, when the endpoint is the one the user configured outside the recipe in
+DRAFTSMITH_API_ENDPOINT (same scheme, host and port). It never goes over plain http except to
+localhost, and where it goes (or that none is sent) is printed before the first request.
+Answers are bounded: a response body may hold at most max_new_tokens * MAX_BYTES_PER_TOKEN bytes
+(plus MAX_RESPONSE_OVERHEAD), and regenerate.timeout_s bounds each whole request (connect, headers
+and body), not each socket read; a response past either bound, cut short, or nested too deeply is
+an error row (retried on a rerun).
 Multi-turn: each user turn followed by an assistant turn (or ending the row) is answered in
 order, given the regenerated history; the original assistant turns are dropped.
 """
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import socket
+import ssl
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -37,6 +47,9 @@ from draftsmith.data import chat, formats
 
 MAX_EXAMPLES = 10
 API_KEY_VARIABLE = "DRAFTSMITH_API_KEY"  # the one variable read without --api-key-env
+API_ENDPOINT_VARIABLE = "DRAFTSMITH_API_ENDPOINT"  # the endpoint DRAFTSMITH_API_KEY belongs to
+MAX_BYTES_PER_TOKEN = 64  # a token's text, JSON-escaped (\uXXXX per character), with room for fields
+MAX_RESPONSE_OVERHEAD = 64 * 1024  # the JSON envelope (ids, usage, ...)
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 # Bumped when the row-id scheme changes, so an output written with other ids is not resumed into.
 ROW_IDS = "path:line"
@@ -140,16 +153,31 @@ class LocalGenerator:
         return results
 
 
-def api_key(api_key_env: Optional[str] = None) -> tuple[Optional[str], str]:
-    """-> (key or None, where it came from). Only --api-key-env NAME or DRAFTSMITH_API_KEY are read."""
+def _origin(url: str) -> tuple:
+    u = urllib.parse.urlparse(url)
+    return u.scheme, (u.hostname or "").lower(), u.port or {"http": 80, "https": 443}.get(u.scheme)
+
+
+def api_key(api_key_env: Optional[str] = None, endpoint: Optional[str] = None,
+            log=print) -> tuple[Optional[str], str]:
+    """-> (key or None, where it came from). The recipe names the endpoint, so a key goes there only
+    when the user chose it outside the recipe: --api-key-env NAME, or DRAFTSMITH_API_KEY with the
+    endpoint equal (scheme, host, port) to DRAFTSMITH_API_ENDPOINT."""
     if api_key_env:
         if not os.environ.get(api_key_env):
             raise ValueError(f"--api-key-env {api_key_env}: the environment variable {api_key_env} is not set "
                              "or empty; export it, or drop --api-key-env to send no key")
         return os.environ[api_key_env], f"${api_key_env} (--api-key-env)"
-    if os.environ.get(API_KEY_VARIABLE):
-        return os.environ[API_KEY_VARIABLE], f"${API_KEY_VARIABLE}"
-    return None, "none"
+    if not os.environ.get(API_KEY_VARIABLE):
+        return None, "none"
+    configured = os.environ.get(API_ENDPOINT_VARIABLE, "")
+    if endpoint and configured and _origin(configured) == _origin(endpoint):
+        return os.environ[API_KEY_VARIABLE], f"${API_KEY_VARIABLE} (the endpoint is ${API_ENDPOINT_VARIABLE})"
+    why = (f"${API_ENDPOINT_VARIABLE} is not set" if not configured
+           else f"regenerate.endpoint is not ${API_ENDPOINT_VARIABLE} ({configured})")
+    log(f"regenerate: ${API_KEY_VARIABLE} is set but NOT sent to {endpoint}: {why}. A recipe chooses the endpoint, so "
+        f"the key goes only to ${API_ENDPOINT_VARIABLE}, or pass --api-key-env {API_KEY_VARIABLE} to send it there")
+    return None, f"none (${API_KEY_VARIABLE} withheld: {why})"
 
 
 def check_endpoint(endpoint: str, has_key: bool) -> None:
@@ -170,7 +198,82 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_OPENER = urllib.request.build_opener(_NoRedirect)
+class _Watch:
+    """One request's deadline: at timeout_s its connections are shut down, which ends any read
+    blocked in them (urllib's own timeout applies to each socket read, so a server sending one
+    byte every few seconds could otherwise hold a request for ever)."""
+
+    def __init__(self, timeout_s: float):
+        self.sockets: list = []  # recorded at connect: urllib drops the connection's own reference
+        self.expired = False
+        self._timer = threading.Timer(timeout_s, self._expire)
+        self._timer.daemon = True
+
+    def _expire(self) -> None:
+        self.expired = True
+        for sock in self.sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def __enter__(self):
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._timer.cancel()
+
+
+class _WatchedHTTP(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
+    """http(s) handler whose connections register with the request's _Watch (req.watch)."""
+
+    def _open_watched(self, connection_class, req, **kwargs):
+        def make(host, **kw):
+            conn = connection_class(host, **kw)
+            connect = conn.connect
+
+            def connect_and_record():
+                connect()
+                req.watch.sockets.append(conn.sock)
+
+            conn.connect = connect_and_record
+            return conn
+
+        return self.do_open(make, req, **kwargs)
+
+    def http_open(self, req):
+        return self._open_watched(http.client.HTTPConnection, req)
+
+    def https_open(self, req):
+        return self._open_watched(http.client.HTTPSConnection, req, context=ssl.create_default_context())
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect, _WatchedHTTP)
+
+
+class BadResponse(ValueError):
+    """A response past a bound (size, time), cut short, or not the JSON asked for."""
+
+
+def read_bounded(resp, limit: int, watch: _Watch) -> bytes:
+    """The body, at most `limit` bytes; refused early when Content-Length says more."""
+    declared = resp.headers.get("Content-Length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise BadResponse(f"response of {int(declared):,} bytes is larger than {limit:,} bytes "
+                          "(max_new_tokens x MAX_BYTES_PER_TOKEN + overhead)")
+    chunks, size = [], 0
+    while True:
+        chunk = resp.read(min(65536, limit + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise BadResponse(f"response larger than {limit:,} bytes (max_new_tokens x MAX_BYTES_PER_TOKEN + overhead)")
+    if declared and declared.isdigit() and size < int(declared):
+        raise BadResponse(f"cut short: {size:,} of the {int(declared):,} bytes announced")
+    return b"".join(chunks)
 
 
 class HTTPGenerator:
@@ -186,7 +289,7 @@ class HTTPGenerator:
         if rcfg.api == "completions" and tokenizer is None:
             raise ValueError("regenerate.api=completions renders prompts locally and needs the target tokenizer")
         self.rcfg, self.mode, self.tokenizer = rcfg, data_cfg.chat_template, tokenizer
-        self.key, self.key_source = api_key(api_key_env)  # local servers need none
+        self.key, self.key_source = api_key(api_key_env, rcfg.endpoint, log)  # local servers need none
         check_endpoint(rcfg.endpoint, self.key is not None)
         self.log, self.announced = log, False
 
@@ -201,8 +304,22 @@ class HTTPGenerator:
             headers["Authorization"] = f"Bearer {self.key}"
         url = self.rcfg.endpoint.rstrip("/") + path
         req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers=headers, method="POST")
-        with _OPENER.open(req, timeout=self.rcfg.timeout_s) as resp:
-            return json.loads(resp.read().decode())
+        limit = self.rcfg.max_new_tokens * MAX_BYTES_PER_TOKEN + MAX_RESPONSE_OVERHEAD
+        with _Watch(self.rcfg.timeout_s) as watch:
+            req.watch = watch
+            try:
+                with _OPENER.open(req, timeout=self.rcfg.timeout_s) as resp:
+                    body = read_bounded(resp, limit, watch)
+            except (OSError, http.client.HTTPException, BadResponse) as exc:  # a shut-down socket reads as cut short
+                if watch.expired:
+                    raise TimeoutError(f"no complete answer within regenerate.timeout_s={self.rcfg.timeout_s:g}s") from exc
+                raise
+            if watch.expired:
+                raise TimeoutError(f"no complete answer within regenerate.timeout_s={self.rcfg.timeout_s:g}s")
+        try:
+            return json.loads(body.decode("utf-8"))
+        except RecursionError:
+            raise BadResponse("JSON nested too deeply") from None
 
     def _one(self, history: list[dict]) -> Result:
         r = self.rcfg
@@ -215,19 +332,24 @@ class HTTPGenerator:
                 body = self._post("/chat/completions", {**payload, "messages": history})
                 text = body["choices"][0]["message"]["content"]
         except urllib.error.HTTPError as exc:
-            return Result("error", reason=f"HTTP {exc.code}: {exc.reason}")
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            return Result("error", reason=f"request failed: {exc}")
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
-            return Result("error", reason=f"bad response: {type(exc).__name__} {exc}")
+            return Result("error", reason=f"HTTP {exc.code}: {' '.join(str(exc.reason).split())[:120]}")
+        except BadResponse as exc:
+            return Result("error", reason=f"bad response: {exc}")
+        except TimeoutError as exc:
+            return Result("error", reason=f"timeout: {exc}")
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:  # refused, reset, cut short
+            return Result("error", reason=f"request failed: {type(exc).__name__} {' '.join(str(exc).split())[:160]}")
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, IndexError, TypeError) as exc:
+            return Result("error", reason=f"bad response: {type(exc).__name__} {' '.join(str(exc).split())[:160]}")
         if not isinstance(text, str):
             return Result("error", reason="bad response: content is not a string")
         return Result("ok", text.strip())
 
     def generate(self, histories: list[list[dict]]) -> list[Result]:
         if not self.announced:  # say where the data (and key) go before the first request
+            where = f"sent to {urllib.parse.urlparse(self.rcfg.endpoint).netloc}" if self.key else "not sent"
             self.log(f"regenerate: sending prompts to {self.rcfg.endpoint} (model {self.rcfg.model}, "
-                     f"API key: {self.key_source})")
+                     f"API key: {self.key_source}, {where})")
             self.announced = True
         with ThreadPoolExecutor(max_workers=max(1, min(self.rcfg.batch_size, len(histories)))) as pool:
             return list(pool.map(self._one, histories))
@@ -247,14 +369,15 @@ def load_done(output: Path) -> tuple[set[str], bool]:
     if complete and not torn:
         try:
             json.loads(complete[-1])
-        except json.JSONDecodeError:  # a complete but unparsable last line: redo it too
+        except (json.JSONDecodeError, RecursionError):  # a complete but unparsable last line: redo it too
             torn, keep, complete = True, keep - len(complete[-1]) - 1, complete[:-1]
     done: set[str] = set()
     for n, line in enumerate(complete, start=1):
         try:
             done.add(json.loads(line)["id"])
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ValueError(f"{output}:{n}: not a regeneration row ({exc}); the file is damaged in the middle: "
+        except (json.JSONDecodeError, KeyError, TypeError, RecursionError) as exc:
+            reason = " ".join(str(exc).split())[:80] or "nested too deeply"
+            raise ValueError(f"{output}:{n}: not a regeneration row ({reason}); the file is damaged in the middle: "
                              "delete it (or set regenerate.output to a new path) and rerun") from exc
     if torn:
         with open(output, "r+b") as f:

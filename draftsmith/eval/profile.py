@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.errors import UserError
 from draftsmith.eval import batch as batch_mod
 from draftsmith.eval import workloads
 from draftsmith.eval.loop import LoopConfig, _clock, generate
@@ -60,10 +61,19 @@ def _ints(text: str, flag: str) -> list[int]:
     try:
         out = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise SystemExit(f"{flag} {text!r}: give comma-separated integers, e.g. 1,4,16") from None
+        raise UserError(f"{flag} {text!r}: give comma-separated integers, e.g. 1,4,16") from None
     if any(v < 1 for v in out):
-        raise SystemExit(f"{flag} {text!r}: values must be >= 1")
+        raise UserError(f"{flag} {text!r}: values must be >= 1")
     return out
+
+
+def _check_counts(repeats: int, k_max: int, num_prompts: int, max_new_tokens: int, overhead_batch: int) -> None:
+    """Counts that must be positive (a negative --repeats measured nothing and divided by zero)."""
+    for flag, value, low in (("--repeats", repeats, 1), ("--k-max", k_max, 1),
+                             ("--num-prompts", num_prompts, 1), ("--max-new-tokens", max_new_tokens, 1),
+                             ("--overhead-batch", overhead_batch, 1)):
+        if value < low:
+            raise UserError(f"{flag} {value}: must be >= {low}")
 
 
 class _Timed:
@@ -253,6 +263,7 @@ def run(path: str | Path, workload_names: list[str] = ("mt_bench", "gsm8k"), k_m
     from draftsmith.checkpoint import load_drafter
     from draftsmith.eval import proposers, results, runner
 
+    _check_counts(repeats, k_max, num_prompts, max_new_tokens, overhead_batch)
     check_draft_tokens(k_max, "--k-max")  # before anything loads: --k-max 100000000 would run for days
     batches, contexts, validate = list(batches), list(contexts), list(validate_batches)
     names = workloads.expand([w.strip() for w in workload_names if w.strip()])
@@ -260,7 +271,7 @@ def run(path: str | Path, workload_names: list[str] = ("mt_bench", "gsm8k"), k_m
     target, proposer = loaded.target, proposers.from_drafter(loaded.drafter, loaded.target)
     limit = getattr(target.config, "max_position_embeddings", None)
     if limit is not None and max(contexts) + k_max + 1 > limit:
-        raise SystemExit(f"--contexts {contexts}: the largest plus k_max + 1 exceeds the target's {limit} positions")
+        raise UserError(f"--contexts {contexts}: the largest plus k_max + 1 exceeds the target's {limit} positions")
     print(f"[profile] verify cost grid: batches {batches}, widths 1..{k_max + 1}, contexts {contexts}", flush=True)
     table = measure_verify(target, sorted(set(batches + validate)), list(range(1, k_max + 2)), contexts, repeats)
     # prompted as `draftsmith eval` prompts this checkpoint: in the format its drafter was trained with
@@ -308,7 +319,7 @@ def run(path: str | Path, workload_names: list[str] = ("mt_bench", "gsm8k"), k_m
         "validation_error": {"mean_abs_relative": statistics.fmean(abs(c["relative_error"]) for c in checks)} if checks else None,
     }
     out = out or Path(path) / PROFILE_FILE
-    out.write_text(json.dumps(results._clean(profile), indent=1) + "\n")
+    results.write_text_atomically(Path(out), json.dumps(results._clean(profile), indent=1) + "\n")
     print(summary(profile))
     print(f"[profile] written to {out}")
     return profile

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import platform
+import tempfile
 from pathlib import Path
 
 import torch
@@ -83,9 +84,23 @@ def build(command: str, config: dict, target_identity: dict, drafter_identity: d
 
 
 def write(results: dict, path: Path | str) -> Path:
-    path = Path(path)
+    """Write atomically (a temporary file beside `path`, then one rename): on a full disk or a kill the
+    previous results file stays whole."""
+    return write_text_atomically(Path(path), json.dumps(results, indent=1) + "\n")
+
+
+def write_text_atomically(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=1) + "\n")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
 
 

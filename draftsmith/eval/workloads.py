@@ -65,6 +65,8 @@ def _jsonl(path: Path) -> list[dict]:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg})") from e
+                except RecursionError:
+                    raise ValueError(f"{path}:{line_no}: not valid JSON (nested too deeply)") from None
         return rows
 
 
@@ -201,10 +203,10 @@ def load(name: str, data_dir: Path | str | None = None, num_prompts: int | None 
 
 def checkpoint_recipe(path: str | Path) -> dict | None:
     """The recipe a training checkpoint was made with (its config.yaml, parsed as data), or None."""
-    import yaml
+    from draftsmith.safe_yaml import load as load_yaml
 
     recipe = Path(path) / "config.yaml"
-    return yaml.safe_load(recipe.read_text()) if recipe.exists() else None
+    return load_yaml(recipe.read_text(encoding="utf-8"), str(recipe)) if recipe.exists() else None
 
 
 def training_prompt_format(recipe: dict | None, tokenizer) -> str:
@@ -227,6 +229,7 @@ def encode(item: dict, tokenizer, prompt_format: str = "auto", max_tokens: int |
     max_tokens keep their LAST max_tokens tokens (the end is what the model continues).
     """
     from draftsmith.data import chat
+    from draftsmith.data.formats import RowError
 
     if prompt_format not in PROMPT_FORMATS:
         raise ValueError(f"prompt format {prompt_format!r} is not one of {PROMPT_FORMATS}")
@@ -235,7 +238,11 @@ def encode(item: dict, tokenizer, prompt_format: str = "auto", max_tokens: int |
     if prompt_format == "chat" and not has_template:
         raise ValueError("--prompt-format chat needs a tokenizer with a chat template; use auto, plain or raw")
     if prompt_format == "chat" or (prompt_format == "auto" and has_template):
-        ids = chat.encode_prompt(tokenizer, messages, "auto")
+        try:  # the target's own template: bounded in time and output (data/template_bounds.py)
+            ids = chat.encode_prompt(tokenizer, messages, "auto")
+        except RowError as exc:
+            raise ValueError(f"the target's chat template cannot render a prompt ({exc}); fix the template in its "
+                             "tokenizer_config.json, or pass --prompt-format plain") from None
     elif prompt_format == "plain":
         ids = chat.encode_prompt(tokenizer, messages, "plain")
     else:

@@ -188,12 +188,19 @@ def _speedup_profile(checkpoint) -> str | None:
     path = Path(checkpoint) / PROFILE_FILE if checkpoint is not None else None
     if path is None or not path.exists():
         return None
-    text = path.read_text()
+    text = path.read_text(encoding="utf-8")
+
+    def no_constant(name):  # NaN / Infinity are not JSON; copied on, they break every strict reader
+        raise ValueError(f"{path}: holds {name}, which is not JSON; rerun `draftsmith profile {checkpoint}` or delete it")
+
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=no_constant)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON ({err.msg}); rerun `draftsmith profile {checkpoint}` or delete it") from err
-    if data.get("schema") != PROFILE_SCHEMA:
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deeply; rerun `draftsmith profile {checkpoint}` or delete it") from None
+    if not isinstance(data, dict) or data.get("schema") != PROFILE_SCHEMA:
+        data = data if isinstance(data, dict) else {"schema": f"(a JSON {type(data).__name__})"}
         raise ValueError(f"{path}: schema {data.get('schema')!r} is not {PROFILE_SCHEMA}; "
                          f"rerun `draftsmith profile {checkpoint}` or delete it")
     return text

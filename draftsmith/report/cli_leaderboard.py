@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +25,7 @@ from draftsmith.report import markdown as M
 from draftsmith.report import plots
 from draftsmith.report.leaderboard import ModelTable, Row, build_rows, group_by_target, group_rows, model_tables
 from draftsmith.report.results_io import IncompatibleResultsError, Result, load_results
+from draftsmith.report.text_safe import plain_text
 
 
 @dataclass
@@ -51,14 +55,21 @@ def slug(text: str) -> str:
 
 
 def resolve_training_log(result: Result) -> tuple[Path | None, str | None]:
-    """The result's training_log: absolute as is; relative against the working directory, then
-    against the result file's directory. Returns (path, None) or (None, note naming the miss)."""
+    """The result's training_log, read only from BESIDE the result (a received result must not make
+    draftsmith read any file it names): a relative path below the result's directory, or the file
+    name of any other path looked up in that directory. Returns (path, None) or (None, note)."""
     raw = Path(result.training_log)
-    candidates = [raw] if raw.is_absolute() else [raw, result.path.parent / raw]
-    for c in candidates:
-        if c.is_file():
-            return c, None
-    return None, f"{result.path}: training_log {result.training_log!r} not found (tried {[str(c) for c in candidates]})"
+    home = result.path.parent.resolve()
+    candidate = home / (raw.name if raw.is_absolute() or ".." in raw.parts else raw)
+    try:
+        inside = candidate.resolve().is_relative_to(home)  # symlinks resolved: no way out of the directory
+    except (OSError, RuntimeError):
+        inside = False
+    if inside and candidate.is_file():
+        return candidate, None
+    why = "it leads out of the result's directory" if not inside else "not found there"
+    return None, (f"{result.path}: training_log {result.training_log!r} is read only from beside the result "
+                  f"({candidate}: {why}); pass --training-log PATH to plot it")
 
 
 def training_plots(results: list[Result], extra_logs: list[str], plot_dir: Path) -> tuple[list[Path], list[str]]:
@@ -180,11 +191,61 @@ def render_markdown(out: LeaderboardOutput, results: list[Result]) -> str:
 def build_leaderboard(paths: list[str | Path], out_dir: str | Path, training_logs: list[str] = (),
                       k_max: int = 8, profiles: list[str] = ()) -> LeaderboardOutput:
     """Load, merge, order, draw and write the leaderboard. Raises IncompatibleResultsError on mixed
-    definitions/schema versions and ValueError when no file was readable."""
+    definitions/schema versions and ValueError when no file was readable.
+
+    Everything is built in a temporary directory beside out_dir and moved into place at the end
+    (index.html last), so an interrupted build leaves out_dir as it was, never plots without a page."""
     results, skipped = load_results(list(paths))
     if not results:
         raise ValueError("no readable result files; skipped:\n  " + "\n  ".join(skipped))
-    out_dir = Path(out_dir)
+    final_dir = Path(out_dir)
+    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.tmp-", dir=final_dir.parent))
+    try:
+        out = _build_into(work, results, skipped, training_logs, k_max, profiles)
+        _move_into_place(work, final_dir)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return _relocated(out, work, final_dir)
+
+
+def _move_into_place(work: Path, final_dir: Path) -> None:
+    """work/* -> final_dir/*: the whole directory in one rename when final_dir is new; else plots/ first,
+    then the files, index.html last (other files the user keeps in final_dir stay)."""
+    if not final_dir.exists():
+        os.replace(work, final_dir)
+        return
+    if not final_dir.is_dir():
+        raise NotADirectoryError(f"--out {final_dir}: exists and is not a directory")
+    new_plots, plots = work / "plots", final_dir / "plots"
+    if plots.exists():
+        old = final_dir / f".plots.old-{os.getpid()}"
+        os.replace(plots, old)
+        os.replace(new_plots, plots)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(new_plots, plots)
+    for name in ("rows.json", "README.md", "index.html"):
+        os.replace(work / name, final_dir / name)
+
+
+def _relocated(out: LeaderboardOutput, work: Path, final_dir: Path) -> LeaderboardOutput:
+    """The same output with its paths under final_dir instead of the build directory."""
+    def move(p: Path) -> Path:
+        return final_dir / Path(p).relative_to(work)
+
+    for section in out.sections:
+        section.plots = [move(p) for p in section.plots]
+        section.by_hardware = {hw: ([move(p) for p in pics], tables) for hw, (pics, tables) in section.by_hardware.items()}
+    out.training_plots = [move(p) for p in out.training_plots]
+    out.profile_plots = [move(p) for p in out.profile_plots]
+    out.out_dir, out.index_html, out.readme, out.rows_json = (final_dir, final_dir / "index.html",
+                                                              final_dir / "README.md", final_dir / "rows.json")
+    return out
+
+
+def _build_into(out_dir: Path, results: list[Result], skipped: list[str], training_logs, k_max: int,
+                profiles) -> LeaderboardOutput:
     plot_dir = out_dir / "plots"
     plot_dir.mkdir(parents=True, exist_ok=True)
     rows = build_rows(results)
@@ -198,19 +259,32 @@ def build_leaderboard(paths: list[str | Path], out_dir: str | Path, training_log
     out = LeaderboardOutput(out_dir, out_dir / "index.html", out_dir / "README.md", out_dir / "rows.json", rows,
                             sections, train_pics, skipped, notes + train_notes)
     for i, path in enumerate(profiles):
+        prof = _read_profile(path)
         try:
-            prof = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise ValueError(f"--profile {path}: not a readable speedup_profile.json ({err})") from err
-        if prof.get("schema") != "draftsmith.speedup-profile":
-            raise ValueError(f"--profile {path}: schema {prof.get('schema')!r} is not draftsmith.speedup-profile "
-                             "(write one with `draftsmith profile RUN`)")
-        label = f"{Path(prof['drafter']['path']).parent.name} on {prof['target']['name']}: speedup profile"
-        out.profile_plots.append(plots.speedup_profile(prof, plot_dir / f"profile-{i + 1}-{slug(label)}.png", label))
+            label = f"{Path(prof['drafter']['path']).parent.name} on {prof['target']['name']}: speedup profile"
+            out.profile_plots.append(plots.speedup_profile(prof, plot_dir / f"profile-{i + 1}-{slug(label)}.png", label))
+        except (KeyError, TypeError, IndexError, AttributeError) as err:
+            raise ValueError(f"--profile {path}: not a complete speedup_profile.json ({type(err).__name__} "
+                             f"{' '.join(str(err).split())[:80]}); write it again with `draftsmith profile RUN`") from None
     out.index_html.write_text(render_html(out, results), encoding="utf-8")
-    out.readme.write_text(render_markdown(out, results), encoding="utf-8")
+    out.readme.write_text(plain_text(render_markdown(out, results)), encoding="utf-8")
     out.rows_json.write_text(json.dumps([r.to_json() for r in rows], indent=1), encoding="utf-8")
     return out
+
+
+def _read_profile(path: str) -> dict:
+    try:
+        prof = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise ValueError(f"--profile {path}: not a readable speedup_profile.json "
+                         f"({' '.join(str(err).split())[:120] or 'nested too deeply'})") from None
+    if not isinstance(prof, dict):
+        raise ValueError(f"--profile {path}: a JSON {type(prof).__name__}, not a speedup_profile.json object "
+                         "(write one with `draftsmith profile RUN`)")
+    if prof.get("schema") != "draftsmith.speedup-profile":
+        raise ValueError(f"--profile {path}: schema {str(prof.get('schema'))[:60]!r} is not draftsmith.speedup-profile "
+                         "(write one with `draftsmith profile RUN`)")
+    return prof
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -230,12 +304,12 @@ def main(args: argparse.Namespace) -> int:
     try:
         out = build_leaderboard(args.results, args.out, args.training_log, args.k_max, args.profile)
     except (IncompatibleResultsError, ValueError, FileNotFoundError) as err:
-        print(f"draftsmith leaderboard: {err}", file=sys.stderr)
+        print(plain_text(f"draftsmith leaderboard: {err}"), file=sys.stderr)
         return 2
     for msg in out.skipped:
-        print(f"skipped: {msg}", file=sys.stderr)
+        print(plain_text(f"skipped: {msg}"), file=sys.stderr)
     for msg in out.notes:
-        print(f"note: {msg}", file=sys.stderr)
+        print(plain_text(f"note: {msg}"), file=sys.stderr)
     print(f"{len(out.rows)} rows from {len({r.source for r in out.rows})} files -> {out.index_html}, {out.readme}, "
           f"{sum(len(s.plots) + sum(len(p) for p, _t in s.by_hardware.values()) for s in out.sections) + len(out.training_plots)}"
           " plots")

@@ -18,6 +18,7 @@ from draftsmith.report import plots
 from draftsmith.report.cli_leaderboard import resolve_training_log
 from draftsmith.report.leaderboard import METRIC_COLUMNS, ModelTable, Row, build_rows, model_tables
 from draftsmith.report.results_io import MalformedResultError, Result, check_compatible, load_result
+from draftsmith.report.text_safe import plain_text
 
 
 def terminal_text(result: Result, rows: list[Row], tables: list[ModelTable]) -> str:
@@ -98,7 +99,7 @@ def main(args: argparse.Namespace) -> int:
         result = load_result(args.result)
         check_compatible([result])
     except (MalformedResultError, ValueError) as err:
-        print(f"draftsmith report: {err}", file=sys.stderr)
+        print(plain_text(f"draftsmith report: {err}"), file=sys.stderr)
         return 2
     rows = build_rows([result])
     tables, notes = model_tables(rows, args.k_max)
@@ -106,11 +107,15 @@ def main(args: argparse.Namespace) -> int:
     if not logs and result.training_log:
         log, note = resolve_training_log(result)
         logs, notes = ([log], notes) if log else ([], notes + [note])
-    print(terminal_text(result, rows, tables))
+    path = Path(args.html) if args.html else result.path.with_suffix(".html")
+    if not args.no_html and path.exists() and path.resolve() == result.path.resolve():
+        print(plain_text(f"draftsmith report: the HTML output {path} is the result file itself; pass --html "
+                         "OTHER.html (or --no-html)"), file=sys.stderr)
+        return 2
+    print(plain_text(terminal_text(result, rows, tables)))  # a result's strings cannot drive the terminal
     if not args.no_html:
-        path = Path(args.html) if args.html else result.path.with_suffix(".html")
         write_html(result, rows, tables, notes, path, logs)
-        print(f"\nHTML report: {path}")
+        print(plain_text(f"\nHTML report: {path}"))
     for note in notes:
-        print(f"note: {note}", file=sys.stderr)
+        print(plain_text(f"note: {note}"), file=sys.stderr)
     return 0

@@ -14,6 +14,7 @@ Rules:
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,6 +153,37 @@ _OPTIONAL_AGG = ("acceptance_length.pooled", "tpot_speedup.median", "new_tokens"
                  "time_split.draft", "time_split.verify", "time_split.overhead")
 
 
+MAX_SPEEDUP = 1000.0  # no speculative loop is a thousand times faster than its target alone
+_SPEEDUP_KEYS = ("speedup.median", "speedup.p10", "speedup.p90", "tpot_speedup.median")
+
+
+def _check_ranges(agg: dict, k: int, at: str) -> None:
+    """Values a received file could forge to rank first: no infinity, tau in [1, k + 1], alpha in [0, 1],
+    speedups in (0, MAX_SPEEDUP]. NaN stays "not measured" (shown as —, never ranked) except in the
+    required acceptance length."""
+    for key in _REQUIRED_AGG + _OPTIONAL_AGG + ("acceptance_rate",):
+        value = _get(agg, key, NUM, at, optional=True)
+        if value is not None and (math.isinf(value) or (key in _REQUIRED_AGG and value != value)):
+            raise MalformedResultError(f"{at}: key '{key}' is {value}, expected a finite number")
+
+    def present(key):
+        value = _get(agg, key, NUM, at, optional=True)
+        return None if value is None or value != value else value
+
+    for key in ("acceptance_length.mean", "acceptance_length.pooled"):
+        tau = present(key)
+        if tau is not None and not 1.0 - 1e-9 <= tau <= k + 1 + 1e-9:
+            raise MalformedResultError(f"{at}: key '{key}' is {tau:g}, outside [1, k + 1 = {k + 1}] "
+                                       "(acceptance length counts committed tokens per round)")
+    alpha = present("acceptance_rate")
+    if alpha is not None and not 0.0 <= alpha <= 1.0:
+        raise MalformedResultError(f"{at}: key 'acceptance_rate' is {alpha:g}, outside [0, 1]")
+    for key in _SPEEDUP_KEYS:
+        value = present(key)
+        if value is not None and not 0.0 < value <= MAX_SPEEDUP:
+            raise MalformedResultError(f"{at}: key '{key}' is {value:g}, outside (0, {MAX_SPEEDUP:g}]")
+
+
 def validate(data: Any, where: str) -> dict[str, dict[str, Any]]:
     """Check one parsed result against docs/results-schema.md; returns its workloads.
 
@@ -184,6 +216,7 @@ def validate(data: Any, where: str) -> dict[str, dict[str, Any]]:
         _get(agg, "acceptance_rate", NUM, at, optional=True)
         for key in _OPTIONAL_AGG:
             _get(agg, key, NUM, at, optional=True)
+        _check_ranges(agg, k, at)
         ppa = _get(agg, "per_position_acceptance", (list,), at)
         # null / NaN: a position no round reached (its conditional acceptance is undefined).
         ok = all(a is None or (isinstance(a, NUM) and not isinstance(a, bool) and (a != a or 0.0 <= a <= 1.0))
@@ -203,6 +236,8 @@ def load_result(path: str | Path) -> Result:
         raise MalformedResultError(f"{path}: cannot read: {err}") from err
     except json.JSONDecodeError as err:
         raise MalformedResultError(f"{path}: not valid JSON ({err})") from err
+    except RecursionError:
+        raise MalformedResultError(f"{path}: not valid JSON (nested too deeply)") from None
     workloads = validate(data, str(path))
     return Result(path=path, data=data, workloads=workloads)
 

@@ -164,7 +164,14 @@ def load_init_weights(path: str | Path, drafter, target) -> None:
                                 "export (draftsmith.json); give runs/NAME/final or a `draftsmith export` --out directory")
     from draftsmith.export import EXPORTERS
 
-    sidecar = read_json_object(sidecar_file, "export's draftsmith.json")
+    try:
+        sidecar = json.loads(sidecar_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"train.init_from={path}: {sidecar_file} is not readable JSON "
+                         f"({' '.join(str(exc).split())[:120]}); export the drafter again") from None
+    if not isinstance(sidecar, dict):
+        raise ValueError(f"train.init_from={path}: {sidecar_file} is a JSON {type(sidecar).__name__}, not the export's "
+                         "sidecar object; export the drafter again")
     kind, fmt = sidecar.get("drafter_kind"), sidecar.get("format")
     if kind != drafter.kind:
         raise ValueError(f"train.init_from={path}: the export holds a {kind} drafter, this recipe trains "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 from draftsmith import config
+from draftsmith.errors import UserError
 
 
 def add_arguments(p) -> None:
@@ -25,6 +26,8 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
+    if args.nproc < 1:
+        raise UserError(f"--nproc {args.nproc}: must be >= 1 (processes on this node; 1 trains in this process)")
     try:
         cfg = config.load(args.recipe, args.overrides)
     except config.ConfigError as exc:

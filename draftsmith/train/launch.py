@@ -25,9 +25,9 @@ def torchrun_command(nproc: int, recipe: str, overrides: list[str], overwrite: b
 
 def backend_given(recipe: str, overrides: list[str]) -> bool:
     """Whether the recipe file or an override sets train.backend (the default is single)."""
-    import yaml
+    from draftsmith.safe_yaml import load as load_yaml
 
-    raw = yaml.safe_load(open(recipe, encoding="utf-8")) or {}
+    raw = load_yaml(open(recipe, encoding="utf-8").read(), recipe) or {}
     in_file = isinstance(raw.get("train"), dict) and "backend" in raw["train"]
     return in_file or any(o.split("=", 1)[0].strip() == "train.backend" for o in overrides)
 

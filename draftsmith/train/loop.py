@@ -31,9 +31,11 @@ from draftsmith import checkpoint as ckpt_io
 from draftsmith import config as config_mod
 from draftsmith import features
 from draftsmith import target as target_mod
+from draftsmith.errors import UserError
 from draftsmith.heads import DRAFTERS
 from draftsmith.train import checkpoint, parallel
 from draftsmith.train.logging import MetricsLogger
+from draftsmith.train.run_lock import RunLock
 
 
 @dataclass
@@ -149,9 +151,23 @@ class Trainer:
 
     def __init__(self, cfg, target=None, overwrite: bool = False, api_key_env: str | None = None):
         self.cfg = cfg
+        self.output_dir = Path(cfg.train.output_dir)
+        # one training per output_dir at a time (rank 0 holds the lock until run() ends)
+        self.lock = RunLock.acquire(self.output_dir) if int(os.environ.get("RANK", "0")) == 0 else None
+        try:
+            self._setup(cfg, target, overwrite, api_key_env)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Let another training use output_dir (run() calls it at its end)."""
+        if getattr(self, "lock", None) is not None:
+            self.lock.release()
+
+    def _setup(self, cfg, target, overwrite: bool, api_key_env: str | None) -> None:
         tc = cfg.train
         device = target_mod.resolve_device(cfg.target.device)
-        self.output_dir = Path(tc.output_dir)
         self.resume_path = self._resume_path()
         self._claim_output_dir(overwrite)
         self.ctx = parallel.setup(tc, device)
@@ -170,6 +186,7 @@ class Trainer:
         drafter_cls = DRAFTERS.get(cfg.drafter.kind)
         options = config_mod.drafter_options(cfg)
         check_for_training(self.target, cfg.drafter.kind, options)  # `draftsmith inspect`'s refusals, before any data
+        check_positions(cfg, options, self.target)
         self.train_set, self.heldout, counts = load_data(cfg, self.target, drafter_cls, options, self.ctx, api_key_env)
         if cfg.data.pack_length:  # several documents per row (counts above are per document, unchanged)
             from draftsmith.packing import PackedDataset
@@ -240,6 +257,7 @@ class Trainer:
 
     def resume_from(self, path: Path) -> None:
         state = checkpoint.load_trainer_state(path)
+        check_trainer_state(path, state)
         saved_world = state.get("world_size", 1)
         if saved_world != self.ctx.world_size:
             raise ValueError(f"{path} was written by {saved_world} rank(s), this run has {self.ctx.world_size}: resume "
@@ -274,10 +292,19 @@ class Trainer:
 
     def save(self, name: str) -> Path | None:
         """Collective: every rank takes part (sharded states are gathered); rank 0 writes the files."""
+        from safetensors import SafetensorError
+
         weights = self.ctx.model_state_dict(self.drafter)
         state = self.trainer_state()
-        path = checkpoint.save_collective(self.ctx, self.output_dir / name, self.drafter, self.target, self.cfg,
-                                          self.step, state, weights)
+        try:  # written aside and renamed into place: a failed write leaves every older checkpoint as it was
+            path = checkpoint.save_collective(self.ctx, self.output_dir / name, self.drafter, self.target, self.cfg,
+                                              self.step, state, weights)
+        except (OSError, SafetensorError) as exc:  # a full disk, a quota
+            kept = checkpoint.latest(self.output_dir)
+            how = (f"the last checkpoint {kept} is kept: free space and rerun with train.resume=true" if kept else
+                   "no earlier checkpoint exists (train.save_every > 0 keeps step checkpoints to resume from)")
+            raise UserError(f"train: could not write the checkpoint {self.output_dir / name} at step {self.step} "
+                            f"({' '.join(str(exc).split())[:200]}); {how}") from exc
         if self.ctx.is_main:
             checkpoint.rotate(self.output_dir, self.cfg.train.keep_last)
         self.ctx.barrier()
@@ -348,6 +375,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def run(self, stop_after: int | None = None) -> TrainResult:
+        try:
+            return self._run(stop_after)
+        finally:
+            self.release()
+
+    def _run(self, stop_after: int | None) -> TrainResult:
         tc = self.cfg.train
         if self.ctx.is_main:
             stale = checkpoint.clean_stale_tmp(self.output_dir)  # interrupted checkpoint writes
@@ -375,6 +408,7 @@ class Trainer:
             if log_now or save_now or stop_now:  # the one host read of these steps' metrics
                 host = to_host(pending)
                 pending = []
+                self._check_finite(host)  # before anything of these steps is logged or saved
                 self.losses.extend(m["loss"] for m in host)
                 metrics = host[-1]
             self.logger.advance(metrics)
@@ -392,6 +426,54 @@ class Trainer:
         self.logger.info(f"final checkpoint: {final}")
         self.logger.close()
         return TrainResult(self.output_dir, final, list(self.losses), metrics, self.step)
+
+
+    def _check_finite(self, host: list[dict]) -> None:
+        """Stop at a loss (or, without a gradient scaler, a gradient norm) that is NaN or infinite: the
+        weights are ruined from that step on, so nothing more is saved."""
+        first = self.step - len(host) + 1
+        for i, m in enumerate(host):
+            bad = [k for k in ("loss", "grad_norm") if k in m and isinstance(m[k], float) and not math.isfinite(m[k])
+                   and (k == "loss" or self.scaler is None)]  # fp16's scaler skips steps with inf gradients itself
+            if bad:
+                self.logger.close()
+                kept = checkpoint.latest(self.output_dir) if self.ctx.is_main else None
+                raise TrainingDivergedError(
+                    f"train: the {bad[0]} became {m[bad[0]]} at step {first + i} (train.lr={self.cfg.train.lr:g}); "
+                    f"stopped without saving. {f'The last good checkpoint is {kept}' if kept else 'No checkpoint was saved'}"
+                    "; lower train.lr or train.max_grad_norm, or check the data, then rerun")
+
+
+class TrainingDivergedError(UserError):
+    """The loss turned NaN or infinite; the run stops and keeps its last good checkpoint."""
+
+
+def check_positions(cfg, options, target) -> None:
+    """Rows and drafting blocks must fit the target's positions (a longer row runs past its rope table)."""
+    limit = getattr(target.config, "max_position_embeddings", None)
+    if not isinstance(limit, int):
+        return
+    for key, value in (("data.max_length", cfg.data.max_length), ("data.pack_length", cfg.data.pack_length),
+                       ("drafter.block_size", getattr(options, "block_size", None))):
+        if isinstance(value, int) and value > limit:
+            raise UserError(f"{key}={value:,} is past the target's {limit:,} positions ({target.name}); "
+                            f"set {key} <= {limit}")
+
+
+def check_trainer_state(path: Path, state) -> None:
+    """A received trainer_state.pt must hold what resume reads, with a step that is a count."""
+    file = Path(path) / "trainer_state.pt"
+    if not isinstance(state, dict):
+        raise UserError(f"{file}: not a trainer state (a {type(state).__name__}); the checkpoint is damaged")
+    missing = [k for k in ("step", "optimizer", "scheduler", "data", "rng", "losses") if k not in state]
+    if missing:
+        raise UserError(f"{file}: missing {missing}; the checkpoint is damaged (warm start from its weights with "
+                        "train.init_from instead)")
+    step = state["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise UserError(f"{file}: step {step!r:.40} is not a step count (an integer >= 0); the checkpoint is damaged")
+    if not isinstance(state["losses"], list):
+        raise UserError(f"{file}: losses is not a list; the checkpoint is damaged")
 
 
 def to_host(steps: list[dict]) -> list[dict]:

@@ -159,6 +159,7 @@ def test_the_key_comes_only_from_the_command_line_or_draftsmith_api_key(stub, mo
     monkeypatch.delenv("DRAFTSMITH_API_KEY", raising=False)
     _ask(stub)
     monkeypatch.setenv("DRAFTSMITH_API_KEY", "fixed")
+    monkeypatch.setenv("DRAFTSMITH_API_ENDPOINT", stub)  # the user's own endpoint for that key (issue 22)
     _ask(stub)
     monkeypatch.setenv("MY_KEY", "chosen")
     _ask(stub, api_key_env="MY_KEY")
@@ -172,6 +173,7 @@ def test_the_key_comes_only_from_the_command_line_or_draftsmith_api_key(stub, mo
 
 def test_redirects_are_not_followed_with_the_key(stub, monkeypatch):
     monkeypatch.setenv("DRAFTSMITH_API_KEY", "secret")
+    monkeypatch.setenv("DRAFTSMITH_API_ENDPOINT", stub)
     (res,) = _ask(stub.replace("/v1", "/redirect"))
     assert res.status == "error" and "HTTP 302" in res.reason
     assert len(_Stub.seen) == 1  # the redirect target never saw the key
@@ -180,9 +182,12 @@ def test_redirects_are_not_followed_with_the_key(stub, monkeypatch):
 def test_the_key_never_goes_over_plain_http_to_another_host(monkeypatch):
     monkeypatch.setenv("DRAFTSMITH_API_KEY", "secret")
     for url in ("http://example.com/v1", "http://10.0.0.1:8000/v1"):
+        monkeypatch.setenv("DRAFTSMITH_API_ENDPOINT", url)
         with pytest.raises(ValueError, match="refusing to send the API key over plain http"):
             regenerate.HTTPGenerator(RegenerateConfig(generator="openai", endpoint=url), DataConfig())
     for url in ("https://example.com/v1", "http://localhost:8000/v1", "http://[::1]:8000/v1"):
+        monkeypatch.setenv("DRAFTSMITH_API_ENDPOINT", url)
+        assert regenerate.HTTPGenerator(RegenerateConfig(generator="openai", endpoint=url), DataConfig()).key == "secret"
         regenerate.HTTPGenerator(RegenerateConfig(generator="openai", endpoint=url), DataConfig())
     monkeypatch.delenv("DRAFTSMITH_API_KEY")
     regenerate.HTTPGenerator(RegenerateConfig(generator="openai", endpoint="http://example.com/v1"), DataConfig())
