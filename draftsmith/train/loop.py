@@ -299,7 +299,11 @@ class Trainer:
         try:  # written aside and renamed into place: a failed write leaves every older checkpoint as it was
             path = checkpoint.save_collective(self.ctx, self.output_dir / name, self.drafter, self.target, self.cfg,
                                               self.step, state, weights)
-        except (OSError, SafetensorError) as exc:  # a full disk, a quota
+        except (OSError, SafetensorError, UserError) as exc:  # a full disk, a quota
+            if isinstance(exc, UserError):  # files.disk_full_guard's line: report the write that failed under it
+                if exc.__cause__ is None:
+                    raise
+                exc = exc.__cause__
             kept = checkpoint.latest(self.output_dir)
             how = (f"the last checkpoint {kept} is kept: free space and rerun with train.resume=true" if kept else
                    "no earlier checkpoint exists (train.save_every > 0 keeps step checkpoints to resume from)")
