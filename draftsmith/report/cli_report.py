@@ -37,7 +37,7 @@ def terminal_text(result: Result, rows: list[Row], tables: list[ModelTable]) -> 
         lines.append(f"  {r.workload:<{width}}  " + " ".join("—" if a != a else f"{a:.2f}" for a in r.per_position))
     engine = {w: wl["engine"] for w, wl in result.workloads.items() if isinstance(wl.get("engine"), dict)}
     if engine:  # draftsmith eval --engine: the same drafter served by a real engine
-        from draftsmith.eval.engine import parity_lines
+        from draftsmith.report.parity import parity_lines
 
         lines += ["", "train-to-serve parity (draftsmith eval --engine):"]
         lines += [line for w, e in engine.items() for line in parity_lines(w, e)]
