@@ -78,7 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-export", default=None, metavar="DIR",
                    help="--engine: a `draftsmith export --to llama.cpp` directory (default: export into a temp dir)")
     p.add_argument("--target-gguf", default=None, help="--engine: the target's GGUF (default: converted by the export)")
-    p.add_argument("--engine-threads", type=int, default=2, help="--engine: threads of each llama-server")
+    p.add_argument("--engine-threads", type=int, default=1,
+                   help="--engine: threads of each llama-server (1: ggml's spinning threads lose badly on a busy 2-core machine)")
 
 
 def _load(args):

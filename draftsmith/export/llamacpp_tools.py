@@ -129,7 +129,7 @@ class LlamaServer:
     draft=None serves the target alone. max_requests bounds what one server answers."""
 
     def __init__(self, tools: LlamaCppTools, model: Path, draft: Path | None = None, spec_type: str | None = None,
-                 k: int | None = None, threads: int = 2, ctx: int = 0, max_requests: int = 1000,
+                 k: int | None = None, threads: int = 1, ctx: int = 0, max_requests: int = 1000,
                  startup_timeout_s: float = STARTUP_TIMEOUT_S):
         self.tools, self.model, self.draft, self.spec_type, self.k = tools, Path(model), draft, spec_type, k
         self.threads, self.ctx, self.max_requests, self.startup_timeout_s = threads, ctx, max_requests, startup_timeout_s
