@@ -9,9 +9,9 @@
 # draftsmith finds the result there by itself (draftsmith/export/llamacpp_tools.py), or through
 # DRAFTSMITH_LLAMA_SERVER / DRAFTSMITH_LLAMA_CPP_DIR.
 #
-# Measured on this project's CI kind of machine (2 cores, -j2): download 37 s, configure 6 s,
-# build of llama-server 17 min 40 s (1,060 s, see BUILD_SECONDS in the cache's build.log),
-# second run 0.1 s.
+# Measured on this project's kind of machine (2 cores, -j2, the cores shared with one training run):
+# sdist download + unpack + pip installs 7 s, configure + build of llama-server 1,257 s (21 min;
+# BUILD_SECONDS in the cache's build.log), 1,264 s in all; a second run 0.05 s.
 set -euo pipefail
 
 VERSION="0.3.36"
@@ -52,7 +52,7 @@ fi
 "$PYTHON" -m pip install --quiet "gguf==$GGUF_VERSION" "sentencepiece==0.2.1"
 
 # 3. configure + build, CPU only (no curl: nothing is downloaded at run time; no GPU backends)
-log "building llama-server with -j$JOBS (about 18 minutes on 2 cores)"
+log "building llama-server with -j$JOBS (about 21 minutes on 2 cores)"
 t0=$(date +%s)
 cmake -S "$CACHE/src" -B "$CACHE/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
   -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_HIP=OFF -DGGML_SYCL=OFF \

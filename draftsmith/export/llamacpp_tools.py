@@ -73,7 +73,7 @@ def find_llama_cpp() -> LlamaCppTools:
         converter = server.resolve().parents[2] / "src" / "convert_hf_to_gguf.py"  # <root>/build/bin/llama-server
     for path, what in ((server, "llama-server"), (converter, "convert_hf_to_gguf.py")):
         if not path.is_file():
-            raise LlamaCppMissing(f"{what} not found at {path}: build llama.cpp with `{INSTALL_COMMAND}` (about 18 "
+            raise LlamaCppMissing(f"{what} not found at {path}: build llama.cpp with `{INSTALL_COMMAND}` (about 21 "
                                   "minutes on 2 cores), or point DRAFTSMITH_LLAMA_CPP_DIR at its cache")
     return LlamaCppTools(server=server, converter=converter)
 
