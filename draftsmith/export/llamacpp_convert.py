@@ -8,7 +8,8 @@ The converter names a BPE pre-tokenizer by hashing the token ids a reference tex
 so a model trained with its own vocabulary is unknown to it and the conversion stops
 ("BPE pre-tokenizer was not recognized"). When that happens and the model's tokenizer.json
 pre-tokenizer is exactly GPT-2's (a ByteLevel pre-tokenizer with use_regex and no other split),
-the name is "gpt2", the pre-tokenizer llama.cpp implements with that same regex. Any other
+the name is "gpt-2", the pre-tokenizer llama.cpp implements with that same regex
+(src/llama-vocab.cpp: "gpt-2" -> LLAMA_VOCAB_PRE_TYPE_GPT2). Any other
 unknown tokenizer still fails as the converter would. Everything else (tensors, metadata, the
 GGUF writer) is the converter's.
 """
@@ -44,8 +45,8 @@ def install_fallback() -> None:
         except NotImplementedError:
             if gpt2_byte_level(Path(self.dir_model) / "tokenizer.json"):
                 print(f"[draftsmith] {self.dir_model}: unlisted byte-level BPE vocabulary with GPT-2's "
-                      "pre-tokenizer: tokenizer.ggml.pre = gpt2", file=sys.stderr)
-                return "gpt2"
+                      "pre-tokenizer: tokenizer.ggml.pre = gpt-2", file=sys.stderr)
+                return "gpt-2"
             raise
 
     TextModel.get_vocab_base_pre = get_vocab_base_pre
