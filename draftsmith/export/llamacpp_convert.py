@@ -35,8 +35,11 @@ def gpt2_byte_level(tokenizer_json: Path) -> bool:
 
 
 def install_fallback() -> None:
-    from conversion.base import TextModel  # the converter's own package (its directory is on sys.path)
+    import importlib
 
+    # the converter's own package `conversion/` beside convert_hf_to_gguf.py (put on sys.path by main),
+    # not a distribution on PyPI: imported by name so that it is not mistaken for a dependency
+    TextModel = importlib.import_module("conversion.base").TextModel
     original = TextModel.get_vocab_base_pre
 
     def get_vocab_base_pre(self, tokenizer) -> str:
