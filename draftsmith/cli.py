@@ -68,8 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_module", None):
         parser.print_help()
         return 0 if not argv else 2
+    module = args._module
+    if args.command == "eval" and getattr(args, "engine", None):  # train-to-serve parity: eval + export together
+        from draftsmith import cli_engine as module
     try:
-        return int(args._module.main(args) or 0)
+        return int(module.main(args) or 0)
     except EXPECTED as exc:
         if debug:
             raise

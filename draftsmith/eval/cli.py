@@ -4,6 +4,7 @@
     draftsmith eval runs/eagle3-stories260k/final --temperature 1.0 --check-lossless
     draftsmith eval --draft-model DIR_OR_ID --target ../shared/models/stories260K-hf --workloads mt_bench
     draftsmith eval --proposer ngram --target builtin:pycode-tiny --workloads pycode --k 4
+    draftsmith eval runs/eagle3-stories260k/final --engine llama.cpp --workloads mt_bench --k 3   (cli_engine.py)
 
 Prints a per-workload table and writes the results JSON (docs/results-schema.md) to --out.
 Exit status 1 when --check-lossless finds a prompt whose greedy speculative output differs
@@ -77,6 +78,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                   "checkpoint's target.dtype); results record the dtype used")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", type=Path, default=None, help="results JSON path (default results/<name>-<time>.json)")
+    p.add_argument("--engine", choices=["llama.cpp"], default=None,
+                   help="train-to-serve parity: also serve the drafter in this engine on the same prompts (cli_engine.py)")
+    p.add_argument("--engine-export", default=None, metavar="DIR",
+                   help="--engine: a `draftsmith export --to llama.cpp` directory (default: export into a temp dir)")
+    p.add_argument("--target-gguf", default=None, help="--engine: the target's GGUF (default: converted by the export)")
+    p.add_argument("--engine-threads", type=int, default=1,
+                   help="--engine: threads of each llama-server (1: ggml's spinning threads lose badly on a busy 2-core machine)")
 
 
 def _load(args):
@@ -242,6 +250,8 @@ def main(args: argparse.Namespace) -> int:
 def run(args: EvalOptions) -> EvalRun:
     """Run the drafter on the workloads, print the table, write the results JSON (`draftsmith eval`)."""
     check_args(args)
+    if getattr(args, "engine", None):  # `draftsmith eval --engine` runs draftsmith.cli_engine.main (above eval/ and export/)
+        raise UserError("--engine: call draftsmith.cli_engine.main(args) (the `draftsmith eval` command does)")
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     names = workloads.expand([w.strip() for w in args.workloads.split(",") if w.strip()])
     target, proposer, drafter_id = _load(args)

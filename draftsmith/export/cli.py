@@ -5,6 +5,7 @@ serving command.
     draftsmith export runs/eagle3-llama3.1-8b/final --to sglang --out exported/sglang
     draftsmith export runs/eagle3-llama3.1-8b/final --to trtllm --out exported/trtllm
     draftsmith export runs/draft-lm/final --to hf --out exported/draft
+    draftsmith export runs/eagle3-stories260k/final --to llama.cpp --out exported/llamacpp [--target-gguf F]
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from draftsmith.export.common import DTYPES, ExportOptions, ExportValidationErro
 
 def add_arguments(parser) -> None:
     parser.add_argument("checkpoint", help="a draftsmith checkpoint directory, e.g. runs/NAME/final")
-    parser.add_argument("--to", required=True, choices=["vllm", "sglang", "trtllm", "hf"], help="engine format")
+    parser.add_argument("--to", required=True, choices=["vllm", "sglang", "trtllm", "hf", "llama.cpp"],
+                        help="engine format (llama.cpp: GGUF files, export/llamacpp.py)")
     parser.add_argument("--out", required=True, help="output directory (built elsewhere, moved in when valid)")
     parser.add_argument("--dtype", choices=list(DTYPES), default=None, help="weights dtype (default: the checkpoint's)")
     parser.add_argument("--num-speculative-tokens", type=int, default=None,
@@ -26,12 +28,22 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-validate", action="store_true", help="skip the validation gate (not recommended)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a previous draftsmith export in --out (only the files an export writes)")
+    parser.add_argument("--target-gguf", default=None,
+                        help="llama.cpp: the target's existing GGUF (default: convert the target into --out)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="run the target's custom modelling code (never enabled by a checkpoint's config.yaml)")
 
 
 def main(args) -> int:
     from draftsmith.export.api import export
+
+    if args.to == "llama.cpp":
+        from draftsmith.export.llamacpp import main as llamacpp_main
+
+        return llamacpp_main(args)
+    if args.target_gguf:
+        print(f"draftsmith export: --target-gguf applies to --to llama.cpp, not --to {args.to}", file=sys.stderr)
+        return 2
 
     opts = ExportOptions(dtype=args.dtype, num_speculative_tokens=args.num_speculative_tokens, verifier=args.verifier,
                          max_model_len=args.max_model_len)

@@ -36,6 +36,12 @@ def terminal_text(result: Result, rows: list[Row], tables: list[ModelTable]) -> 
     lines += ["", "per-position acceptance P(i accepted | < i accepted):"]
     for r in rows:
         lines.append(f"  {r.workload:<{width}}  " + " ".join("—" if a != a else f"{a:.2f}" for a in r.per_position))
+    engine = {w: wl["engine"] for w, wl in result.workloads.items() if isinstance(wl.get("engine"), dict)}
+    if engine:  # draftsmith eval --engine: the same drafter served by a real engine
+        from draftsmith.report.parity import parity_lines
+
+        lines += ["", "train-to-serve parity (draftsmith eval --engine):"]
+        lines += [line for w, e in engine.items() for line in parity_lines(w, e)]
     if tables:
         lines += ["", "speedup model (Leviathan et al. 2023; * = extrapolated acceptance, ~ = verify cost assumed):"]
         for t in tables:

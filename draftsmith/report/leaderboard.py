@@ -32,6 +32,7 @@ from draftsmith.report.results_io import Result
 METRIC_COLUMNS = (
     ("acceptance_length", "acc. length τ", "{:.2f}", False),
     ("acceptance_rate", "acc. rate α", "{:.1%}", False),
+    ("engine_tau", "engine τ", "{:.2f}", False),  # the same drafter served by a real engine (eval --engine)
     ("speedup", "speedup", "{:.2f}×", True),
     ("tpot_speedup", "TPOT speedup", "{:.2f}×", True),
     ("tokens_per_s", "tokens/s", "{:.1f}", True),
@@ -70,6 +71,7 @@ class Row:
     target_tokens_per_s: float | None = None
     tpot_speedup: float | None = None  # decode only: target TPOT / speculative TPOT
     trainable_params: int | None = None  # parameters the drafter's training updated (None: not recorded)
+    engine_tau: float | None = None  # tau of the same drafter in a real engine on the same prompts (eval --engine)
     verification: str = "greedy"
     max_new_tokens: int | None = None
     sampling: tuple = (0, 1.0)  # (top_k, top_p)
@@ -149,7 +151,7 @@ def rows_from_result(result: Result) -> list[Row]:
             source=str(result.path), command=result.command,
             speedup_p10=_num(agg, "speedup.p10"), speedup_p90=_num(agg, "speedup.p90"),
             target_tokens_per_s=_num(agg, "target_tokens_per_s.median"), tpot_speedup=_num(agg, "tpot_speedup.median"),
-            trainable_params=result.trainable_params,
+            trainable_params=result.trainable_params, engine_tau=_num(wl.get("engine") or {}, "acceptance_length"),
             verification=result.verification, max_new_tokens=result.max_new_tokens, sampling=result.sampling,
             tree_budget=result.tree_budget, prompt_set=prompt_set(wl), tau_source=tau_source, aggregate=agg))
         per_round = per_round_acceptance(wl.get("requests") or [], result.k)

@@ -217,6 +217,10 @@ def validate(data: Any, where: str) -> dict[str, dict[str, Any]]:
         for key in _OPTIONAL_AGG:
             _get(agg, key, NUM, at, optional=True)
         _check_ranges(agg, k, at)
+        if wl.get("engine") is not None:  # eval --engine: the same drafter in a real engine
+            for key in ("engine.acceptance_length", "engine.acceptance_rate", "engine.decode_speedup.median"):
+                _get(wl, key, NUM, at, optional=True)
+            _get(wl, "engine.name", (str,), at)
         ppa = _get(agg, "per_position_acceptance", (list,), at)
         # null / NaN: a position no round reached (its conditional acceptance is undefined).
         ok = all(a is None or (isinstance(a, NUM) and not isinstance(a, bool) and (a != a or 0.0 <= a <= 1.0))
