@@ -58,10 +58,11 @@ def run_regenerate(cfg, target=None, limit=None, log=print, api_key_env=None):
 def _load_tokenizer(cfg):
     from transformers import AutoTokenizer
 
-    from draftsmith.target import resolve_path
+    from draftsmith.target import hf_kwargs, locate
 
-    return AutoTokenizer.from_pretrained(resolve_path(cfg.target.path), revision=cfg.target.revision,
-                                         trust_remote_code=cfg.target.trust_remote_code)
+    local, gguf_name = locate(cfg.target.path, cfg.target.gguf_file)
+    return AutoTokenizer.from_pretrained(local, revision=cfg.target.revision,
+                                         trust_remote_code=cfg.target.trust_remote_code, **hf_kwargs(gguf_name))
 
 
 def drafter_layers_and_features(cfg, target, counts) -> tuple[list[int], set[str]]:
@@ -106,11 +107,11 @@ class _TargetShape:
     def __init__(self, cfg):
         from transformers import AutoConfig
 
-        from draftsmith.target import resolve_path
+        from draftsmith.target import hf_kwargs, locate
 
-        path = resolve_path(cfg.target.path)
+        path, gguf_name = locate(cfg.target.path, cfg.target.gguf_file)
         self.config = AutoConfig.from_pretrained(path, revision=cfg.target.revision,
-                                                 trust_remote_code=cfg.target.trust_remote_code)
+                                                 trust_remote_code=cfg.target.trust_remote_code, **hf_kwargs(gguf_name))
         self.tokenizer = _load_tokenizer(cfg)
         self.num_layers, self.hidden_size = self.config.num_hidden_layers, self.config.hidden_size
         self.vocab_size = self.config.vocab_size

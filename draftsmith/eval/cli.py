@@ -26,9 +26,11 @@ from draftsmith.sampling import VERIFICATION_RULES, SamplingParams, rule_name
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", nargs="?", help="a training checkpoint dir (runs/NAME/final); omit with --proposer/--draft-model")
-    p.add_argument("--target", help="target dir, HF id or builtin:NAME (required without a checkpoint PATH; with one, "
+    p.add_argument("--target", help="target dir, HF id, .gguf file, installed:NAME or builtin:NAME (required without a checkpoint PATH; with one, "
                                     "the checkpoint runs on this copy after its fingerprint check)")
     p.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit) of --target")
+    p.add_argument("--gguf-file", default=None, help="the GGUF file inside a --target directory holding several "
+                                                     "(a .gguf --target names it already)")
     p.add_argument("--draft-model", help="a HF causal LM (dir or id) sharing the target's tokenizer, as the drafter")
     p.add_argument("--draft-revision", default=None, help="Hub revision (branch, tag or commit) of --draft-model")
     p.add_argument("--trust-remote-code", action="store_true",
@@ -92,8 +94,8 @@ def _load(args):
         given = None
         if args.target:  # evaluate on this copy of the target; load_drafter checks its fingerprint
             dtype = args.dtype or read_config(args.path).target.dtype
-            given = target_mod.load(args.target, dtype=dtype, device=args.device,
-                                    revision=args.revision, trust_remote_code=args.trust_remote_code)
+            given = target_mod.load(args.target, dtype=dtype, device=args.device, revision=args.revision,
+                                    trust_remote_code=args.trust_remote_code, gguf_file=args.gguf_file)
         loaded = load_drafter(args.path, device=device, target=given, trust_remote_code=args.trust_remote_code)
         drafter, target = loaded.drafter, loaded.target
         log = Path(args.path).parent / "metrics.jsonl"
@@ -109,7 +111,7 @@ def _load(args):
     if kind is None:
         raise UserError("name a drafter: a checkpoint PATH, --draft-model DIR_OR_ID, or --proposer ngram")
     target = target_mod.load(args.target, dtype=args.dtype or "float32", device=args.device, revision=args.revision,
-                             trust_remote_code=args.trust_remote_code)
+                             trust_remote_code=args.trust_remote_code, gguf_file=args.gguf_file)
     if kind == "draft_lm":
         if not args.draft_model:
             raise UserError("--proposer draft_lm needs --draft-model DIR_OR_ID")
