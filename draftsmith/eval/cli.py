@@ -68,6 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="greedy speculative output must equal target-only greedy output on every prompt; a "
                         "divergence at a numerical near-tie (top-2 margin within one step of the dtype, in both "
                         "passes) is reported and counted apart, a real mismatch fails (docs/eval.md)")
+    p.add_argument("--near-tie-steps", type=float, default=2.0,
+                   help="--check-lossless: a divergence where the target's top-2 margin is within this many steps of "
+                        "the logits' dtype in both passes is a numerical near-tie, not a failure (0: only exact ties)")
     p.add_argument("--verify-dtype", choices=["float32"], default=None,
                    help="run every verification forward (all layers, final norm, lm_head) in this dtype on an exact "
                         "upcast of the loaded weights, in the speculative and the target-only pass: greedy equality "
@@ -138,6 +141,7 @@ def check_args(args: argparse.Namespace) -> None:
                 (args.max_new_tokens < 1, f"--max-new-tokens {args.max_new_tokens}: must be >= 1"),
                 (args.warmup < 0, f"--warmup {args.warmup}: must be >= 0"),
                 (args.repeats < 3, f"--repeats {args.repeats}: must be >= 3 (a median of fewer timings is noise)"),
+                (args.near_tie_steps < 0, f"--near-tie-steps {args.near_tie_steps}: must be >= 0"),
                 (args.temperature < 0, f"--temperature {args.temperature}: must be >= 0 (0: greedy)"),
                 (args.top_k < 0, f"--top-k {args.top_k}: must be >= 0 (0: off)"),
                 (not 0.0 < args.top_p <= 1.0, f"--top-p {args.top_p}: must lie in (0, 1] (1: off)")]
@@ -184,12 +188,12 @@ def main(args: argparse.Namespace) -> int:
     settings = runner.EvalSettings(
         tree=tree, k=args.k, max_new_tokens=args.max_new_tokens, sampling=sampling, num_prompts=args.num_prompts or None,
         warmup=args.warmup, seed=args.seed, prompt_format=prompt_format, data_dir=args.data_dir,
-        check_lossless=args.check_lossless, repeats=args.repeats)
+        check_lossless=args.check_lossless, repeats=args.repeats, near_tie_steps=args.near_tie_steps)
     rule = rule_name(sampling)
     config = {"k": args.k, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
               "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts, "seed": args.seed,
               "warmup": args.warmup, "repeats": args.repeats, "dtype": weights_dtype,
-              "verify_dtype": args.verify_dtype or weights_dtype,
+              "verify_dtype": args.verify_dtype or weights_dtype, "near_tie_steps": args.near_tie_steps,
               "device": str(target.device),
               "verification": rule, "lossless_rule": VERIFICATION_RULES[rule], "prompt_format": prompt_format,
               "eos_ids": target.eos_ids, "workloads": names, "first_turn_only": True,

@@ -34,6 +34,7 @@ class EvalSettings:
     eos_ids: Optional[list[int]] = None
     tree: Optional[TreeConfig] = None  # tree drafting (k is then the tree depth)
     repeats: int = 3  # timed runs per prompt and mode; the median-latency run is kept (`draftsmith eval` needs >= 3)
+    near_tie_steps: float = numerics.NEAR_TIE_STEPS  # --check-lossless: a margin within this many dtype steps is numerics
 
 
 def first_difference(a: list[int], b: list[int]) -> Optional[int]:
@@ -88,7 +89,7 @@ def _lossless(target, proposer, item_id: str, ids, spec: Generation, base: Gener
     if pos is None:  # not reproduced: a nondeterministic kernel, never a near-tie
         return {"id": item_id, "position": None, "spec_token": None, "target_token": None, "kind": "mismatch",
                 "note": "the difference did not reproduce when both runs were repeated (nondeterministic decoding)"}
-    return {"id": item_id, **numerics.diagnose(pos, spec, base)}
+    return {"id": item_id, **numerics.diagnose(pos, spec, base, s.near_tie_steps)}
 
 
 def run_workload(target, proposer, name: str, s: EvalSettings, log: Callable[[str], None] = print) -> dict:

@@ -135,3 +135,17 @@ def test_eval_cli_verify_dtype_records_both_dtypes(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "verification in float32 (weights loaded in bfloat16)" in text
     assert "lossless check: PASSED on every prompt (weights bfloat16, verified in float32)" in text
+
+
+def test_near_tie_steps_bounds_the_margin_in_dtype_steps():
+    """The case measured on Gemma-3-270M in bf16: margin 0 in one pass, 0.1875 (1.5 steps at 16) in the other."""
+    from types import SimpleNamespace
+
+    spec = SimpleNamespace(tokens=[5, 7], top2=[(20.0, 10.0, 5, 1), (16.0, 16.0, 7, 9)], logits_dtype=torch.bfloat16)
+    base = SimpleNamespace(tokens=[5, 9], top2=[(20.0, 10.0, 5, 1), (16.1875, 16.0, 9, 7)], logits_dtype=torch.bfloat16)
+    assert numerics.diagnose(1, spec, base)["kind"] == "near_tie"  # default: 2 steps
+    assert numerics.diagnose(1, spec, base, steps=1.0)["kind"] == "mismatch"
+    far = SimpleNamespace(tokens=[5, 9], top2=[(20.0, 10.0, 5, 1), (16.5, 16.0, 9, 7)], logits_dtype=torch.bfloat16)
+    assert numerics.diagnose(1, spec, far)["kind"] == "mismatch"  # 4 steps
+    other = SimpleNamespace(tokens=[5, 9], top2=[(20.0, 10.0, 5, 1), (16.0, 16.0, 9, 3)], logits_dtype=torch.bfloat16)
+    assert numerics.diagnose(1, spec, other)["kind"] == "mismatch"  # the differing tokens are not its top-2
