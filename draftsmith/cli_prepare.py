@@ -90,11 +90,11 @@ class _TargetShape:
     def __init__(self, cfg):
         from transformers import AutoConfig
 
-        from draftsmith.target import resolve_path
+        from draftsmith.target import hf_kwargs, locate
 
-        path = resolve_path(cfg.target.path)
+        path, gguf_name = locate(cfg.target.path, cfg.target.gguf_file)
         self.config = AutoConfig.from_pretrained(path, revision=cfg.target.revision,
-                                                 trust_remote_code=cfg.target.trust_remote_code)
+                                                 trust_remote_code=cfg.target.trust_remote_code, **hf_kwargs(gguf_name))
         self.tokenizer = _load_tokenizer(cfg)
         self.num_layers, self.hidden_size = self.config.num_hidden_layers, self.config.hidden_size
         self.vocab_size = self.config.vocab_size

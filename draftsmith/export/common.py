@@ -331,10 +331,10 @@ def sidecar(loaded, fmt: str, engine: str, opts: ExportOptions, extra: dict | No
 
 def verifier_name(loaded, opts: ExportOptions) -> str:
     """What the engine should load as the verifier: --verifier, else the recipe's target path
-    (an embedded builtin:NAME target becomes its directory, which engines can load)."""
-    from draftsmith.target import resolve_path
+    (an embedded builtin:NAME target becomes its directory, a GGUF target its .gguf file: engines load both)."""
+    from draftsmith.target import serving_path
 
-    return opts.verifier or resolve_path(loaded.config.target.path)
+    return opts.verifier or serving_path(loaded.config.target)
 
 
 def num_tokens(loaded, opts: ExportOptions, default: int) -> int:

@@ -40,6 +40,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
 
 from draftsmith import packing
+from draftsmith.heads import vocab_loss
 from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.draft_layer import draft_layer_config, rotary
 from draftsmith.heads.shared import Frozen, aux_layer_problems, draft_vocabulary, resolve_aux_layer_ids
@@ -285,10 +286,9 @@ class BlockDrafting:
                            == documents.gather(1, anchors)[..., None])
         if not shift:
             mask[..., 0] = 0  # slot 0 is the anchor: no prediction
-        logits = batch["target_logits"].float()
-        picked = logits.gather(1, src.flatten(1)[..., None].expand(-1, -1, logits.shape[-1]))  # [b, A*B, V]
-        p = torch.softmax(picked[..., self.draft_ids()], dim=-1).view(*pos.shape, -1)  # -> [b, A, B, dv]
-        return p, picked.argmax(-1).view_as(pos), mask
+        # restricted to the draft vocabulary before any fp32 copy: [b, s, V] -> [b, A*B, dv] fp32, [b, A*B]
+        p, top = vocab_loss.gathered_soft_labels(batch["target_logits"], src.flatten(1), self.draft_ids())
+        return p.view(*pos.shape, -1), top.view_as(pos), mask  # [b, A, B, dv], [b, A, B], [b, A, B]
 
     def slot_weights(self, device) -> torch.Tensor:
         """[B]: the j-th predicting slot weighs exp(-j / gamma); DFlash's anchor slot weighs 0."""

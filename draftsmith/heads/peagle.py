@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+from draftsmith.heads import vocab_loss
 from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, rotary
 from draftsmith.heads.shared import aux_layer_problems, draft_vocabulary, resolve_aux_layer_ids
@@ -207,9 +208,8 @@ class PEagleDrafter(Drafter):
         out = self.run(tokens, feats, anchor + depth, mask=attend[:, None])  # 3. [b, Q, h]
         logq = torch.log_softmax(self.logits(out).float(), dim=-1)  # [b, Q, dv]
         label_pos = anchor + depth + 1  # target position whose next token is x_{a+d+2}
-        logits_t = batch["target_logits"].float()
-        picked = logits_t.gather(1, label_pos.clamp(max=s - 1)[..., None].expand(-1, -1, logits_t.shape[-1]))
-        p = torch.softmax(picked[..., self.draft_ids()], dim=-1)  # [b, Q, dv]
+        # restricted to the draft vocabulary before any fp32 copy: [b, s, V] -> [b, Q, dv] fp32, [b, Q] target ids
+        p, top = vocab_loss.gathered_soft_labels(batch["target_logits"], label_pos.clamp(max=s - 1), self.draft_ids())
         mask = m.gather(1, label_pos + 1) * ok * (label_pos < s)  # loss token x_{a+d+2}
         kl = (p * (torch.log(p.clamp_min(1e-20)) - logq)).sum(-1)  # 4. [b, Q]
         # metrics per depth: regroup as [b, 1, Q] slots by depth
@@ -220,7 +220,7 @@ class PEagleDrafter(Drafter):
                 per_depth[d] = sel
         metrics = {}
         with torch.no_grad():
-            hit = (self.draft_ids()[logq.argmax(-1)] == picked.argmax(-1)).float()
+            hit = (self.draft_ids()[logq.argmax(-1)] == top).float()
             for d, sel in per_depth.items():
                 denom = sel.sum().clamp_min(1.0)
                 metrics[f"acc_{d}"] = float((hit * sel).sum() / denom)

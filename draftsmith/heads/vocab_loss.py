@@ -15,7 +15,8 @@ Both equal the straightforward computation (tests/unit/test_vocab_loss.py).
     p, top = soft_labels(batch["target_logits"], draft_ids)           # [b, s, dv] fp32, [b, s]
     kl_sum, hits = chunked_kl(hidden, lambda h: lm_head(norm(h)), p_t, mask_t, draft_ids, top_t)
 
-Eagle3Drafter.forward_loss uses `soft_labels` and `chunked_loss` (drafter.loss_chunk).
+Eagle3Drafter.forward_loss uses `soft_labels` and `chunked_loss` (drafter.loss_chunk); DFlash, DSpark
+and P-EAGLE take their labels at chosen positions through `gathered_soft_labels`.
 """
 from __future__ import annotations
 
@@ -40,6 +41,17 @@ def soft_labels(target_logits: torch.Tensor, draft_ids: torch.Tensor, chunk: int
             p[:, a : a + chunk] = torch.softmax(part[..., draft_ids].float(), dim=-1)  # [b, c, V] -> [b, c, dv]
             top[:, a : a + chunk] = part.argmax(-1)
     return p, top
+
+
+def gathered_soft_labels(target_logits: torch.Tensor, positions: torch.Tensor, draft_ids: torch.Tensor,
+                         chunk: int = DEFAULT_CHUNK):
+    """Soft labels at chosen positions (block drafters: DFlash, DSpark, P-EAGLE): [b, s, V] target logits
+    (any dtype), positions [b, Q] (may repeat) -> (p [b, Q, dv] fp32, top [b, Q] full-vocabulary argmax).
+    The draft columns are restricted first, a sequence chunk at a time (`soft_labels`), then gathered:
+    neither a [b, s, V] nor a [b, Q, V] fp32 copy exists (at V = 262,144 one would be 1 MiB per row)."""
+    p, top = soft_labels(target_logits, draft_ids, chunk)  # [b, s, dv] fp32, [b, s]
+    p = p.gather(1, positions[..., None].expand(-1, -1, p.shape[-1]))  # [b, s, dv] -> [b, Q, dv]
+    return p, top.gather(1, positions)  # [b, Q]
 
 
 def soft_labels_from_hidden(last_hidden: torch.Tensor, lm_head_weight: torch.Tensor, draft_ids: torch.Tensor,

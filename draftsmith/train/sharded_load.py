@@ -132,6 +132,9 @@ def load_target_sharded(ctx, tcfg) -> target_mod.Target:
     from torch.distributed.fsdp import fully_shard
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    if target_mod.locate(tcfg.path, tcfg.gguf_file)[1]:
+        raise ValueError(f"target.path {tcfg.path!r}: train.target_sharding=fsdp2 reads safetensors shards, not a GGUF "
+                         "file; use train.target_sharding=replicate for a GGUF target")
     path = Path(target_mod.resolve_path(tcfg.path))
     if not path.is_dir():
         raise ValueError(f"target.path {tcfg.path!r}: train.target_sharding=fsdp2 loads from a local directory; "
