@@ -305,7 +305,11 @@ def apply_override(raw: dict, assignment: str) -> None:
     if "=" not in assignment:
         raise ConfigError("command line", [f"override {assignment!r} must look like key.sub=value"])
     key, text = assignment.split("=", 1)
-    value = yaml.safe_load(text) if text != "" else ""
+    try:
+        value = yaml.safe_load(text) if text != "" else ""
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: an integer of more than 4,300 digits
+        raise ConfigError("command line", [f"override {key.strip()}: {text[:60]!r} is not a YAML value "
+                                           f"({' '.join(str(exc).split())[:200]}); quote it as a string"]) from exc
     parts = key.strip().split(".")
     node = raw
     for part in parts[:-1]:
@@ -424,7 +428,7 @@ def load(path: str | Path, overrides: list[str] | None = None) -> RecipeConfig:
         raise ConfigError(str(path), [f"cannot read the recipe: {exc.strerror}"]) from exc
     try:
         raw = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: an integer of more than 4,300 digits
         raise ConfigError(str(path), [f"not valid YAML: {exc}"]) from exc
     if not isinstance(raw, dict):
         raise ConfigError(str(path), ["the recipe must be a YAML mapping at top level"])

@@ -32,12 +32,16 @@ def cached_hidden_widths(kind: str, hidden: int) -> int:
 def load_meta(path: str, revision: str | None = None, trust_remote_code: bool = False):
     """(config, model on the meta device, tokenizer or None, problems): nothing heavy is loaded."""
     import torch
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from draftsmith.target import resolve_path
+    from draftsmith.target import config_json_error, resolve_path
 
     local = resolve_path(path)
-    config = AutoConfig.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code)
+    try:
+        config = AutoConfig.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code)
+    except StrictDataclassError as exc:  # a config.json value of the wrong type
+        raise config_json_error(local, exc) from exc
     problems = []
     model = None
     try:

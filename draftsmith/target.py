@@ -15,7 +15,10 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from torch import nn
+
+from draftsmith.errors import UserError
 
 BUILTIN_DIR = Path(__file__).parent / "assets"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -211,6 +214,8 @@ def load(path: str, dtype: str = "float32", device: str = "auto", revision: str 
         model = AutoModelForCausalLM.from_pretrained(
             local, dtype=DTYPES[dtype], revision=revision, trust_remote_code=trust_remote_code
         )
+    except StrictDataclassError as exc:  # a config.json value of the wrong type (transformers 5 checks them)
+        raise config_json_error(local, exc) from exc
     except (OSError, ValueError) as exc:
         if Path(local).expanduser().is_dir():
             raise
@@ -221,6 +226,12 @@ def load(path: str, dtype: str = "float32", device: str = "auto", revision: str 
     tokenizer = AutoTokenizer.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code)
     model.to(resolve_device(device))
     return Target(model, tokenizer, name=display_name(path), path=path)
+
+
+def config_json_error(local: str, exc: Exception) -> UserError:
+    """One line naming the target's config.json and its bad field (huggingface_hub's StrictDataclassError)."""
+    detail = " ".join(str(exc).split())[:300]
+    return UserError(f"{Path(local) / 'config.json'}: {detail}; fix that value in the target's config.json")
 
 
 def looks_local(path: str) -> bool:

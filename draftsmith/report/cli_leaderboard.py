@@ -183,7 +183,7 @@ def build_leaderboard(paths: list[str | Path], out_dir: str | Path, training_log
     definitions/schema versions and ValueError when no file was readable."""
     results, skipped = load_results(list(paths))
     if not results:
-        raise ValueError("no readable result files; skipped:\n  " + "\n  ".join(skipped))
+        raise ValueError("no readable result files; skipped: " + "; ".join(skipped))  # one line (cli contract)
     out_dir = Path(out_dir)
     plot_dir = out_dir / "plots"
     plot_dir.mkdir(parents=True, exist_ok=True)

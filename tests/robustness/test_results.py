@@ -3,9 +3,11 @@ from someone else) and bad flags through `report` and `leaderboard`, in-process,
 forked child under a time and memory limit (tests/robustness/sandbox.py says what is asserted).
 
 Generated inputs per test in CI (DRAFTSMITH_HARNESS_EXAMPLES=N runs N random ones instead):
-  report:      30 bad values anywhere in the result, 10 damaged documents, 6 bad flags
-  leaderboard: 25 bad values anywhere in the result (beside a good copy), 8 damaged documents,
-               6 bad flags, 4 bad --profile files
+  report:      16 bad values anywhere in the result (half with --no-html), 8 damaged documents,
+               4 bad flags; fixed: a 4 GB sparse training_log, 2 escape sequences, 2 deep nestings,
+               --html onto the result
+  leaderboard: 8 bad values anywhere in the result (beside a good copy), 4 damaged documents,
+               3 bad flags, 3 bad --profile files
 Known findings of issue 22 (fixed on other branches) have their own tests, marked xfail.
 """
 from __future__ import annotations
@@ -67,14 +69,14 @@ def result_paths(world_dir):
 
 # --------------------------------------------------------------------------- report
 
-@harness_settings(24)
+@harness_settings(16)
 @given(data=st.data(), html=st.booleans())
 def test_report_bad_values(check, result_paths, data, html):
     damage = data.draw(S.json_damage(RESULT, result_paths).filter(lambda d: known_result_finding(d) is None))
     check(_report(damage, [] if html else ["--no-html"]), [damage])
 
 
-@harness_settings(10)
+@harness_settings(8)
 @given(damage=st.one_of(S.whole_json_damage(RESULT, deep=False), S.byte_damage(RESULT)))
 def test_report_damaged_document(check, damage):
     check(_report(damage), [damage])
@@ -84,7 +86,7 @@ REPORT_FLAGS = {"--k-max": S.flag_ints.filter(lambda v: v < 10**4), "--html": st
                 "--training-log": st.sampled_from(["runs/base/metrics.jsonl", "nope.jsonl", "recipe.yaml", "target"])}
 
 
-@harness_settings(6)
+@harness_settings(4)
 @given(extra=st.sampled_from(sorted(REPORT_FLAGS)).flatmap(lambda f: REPORT_FLAGS[f].map(lambda v: [f, str(v)])))
 def test_report_bad_flags(check, extra):
     case = _report(None, extra, names=[extra[0], extra[1]])
@@ -92,7 +94,7 @@ def test_report_bad_flags(check, extra):
     check(case)
 
 
-KNOWN_REPORT = [("training_log", "../huge.jsonl", "15"), ("training_log", "../../../../../../etc/hostname", "15"),
+KNOWN_REPORT = [("training_log", "../huge.jsonl", "15"),
                 ("drafter.name", "\x1b]0;pwned\x07\x1b[2J", "low: ANSI/OSC escapes"),
                 ("command", "\x1b[31mred", "low: ANSI/OSC escapes")]
 
@@ -113,7 +115,7 @@ def _sparse_log(root) -> None:
 
 @pytest.mark.xfail(strict=False, reason="issue 22 low finding (deep nesting in JSON: a RecursionError traceback), "
                                         "fixed on branch t22a")
-@pytest.mark.parametrize("doc", ["[" * 100_000 + "]" * 100_000, '{"a":' * 50_000 + "1" + "}" * 50_000])
+@pytest.mark.parametrize("doc", S.DEEP_JSON, ids=["list", "object"])
 def test_report_deeply_nested_result(check, doc):
     damage = S.Damage(f"{RESULT}: nested {doc[:5]!r}...", lambda root: (root / RESULT).write_text(doc), [])
     check(_report(damage), [damage])
@@ -137,14 +139,14 @@ def _set_json(path, where: tuple, value) -> None:
 
 # --------------------------------------------------------------------------- leaderboard
 
-@harness_settings(12)
+@harness_settings(8)
 @given(data=st.data())
 def test_leaderboard_bad_values(check, result_paths, data):
     damage = data.draw(S.json_damage(RESULT, result_paths).filter(lambda d: known_result_finding(d) is None))
     check(_leaderboard(damage), [S.Damage("copy", _copy_result, []), damage])
 
 
-@harness_settings(6)
+@harness_settings(4)
 @given(damage=st.one_of(S.whole_json_damage(RESULT, deep=False), S.byte_damage(RESULT)))
 def test_leaderboard_damaged_document(check, damage):
     check(_leaderboard(damage), [S.Damage("copy", _copy_result, []), damage])
@@ -155,7 +157,7 @@ LEADERBOARD_FLAGS = {"--k-max": S.flag_ints.filter(lambda v: v < 10**4),
                      "--out": st.sampled_from(["lb", "lb/", "lb/a/b"])}
 
 
-@harness_settings(4)
+@harness_settings(3)
 @given(extra=st.sampled_from(sorted(LEADERBOARD_FLAGS)).flatmap(
     lambda f: LEADERBOARD_FLAGS[f].map(lambda v: [f, str(v)])))
 def test_leaderboard_bad_flags(check, extra):
@@ -164,7 +166,7 @@ def test_leaderboard_bad_flags(check, extra):
 
 @pytest.mark.xfail(strict=False, reason="issue 22 low findings (a --profile file that is a list; NaN/Infinity in "
                                         "speedup_profile.json), fixed on branch t22a")
-@harness_settings(4)
+@harness_settings(3)
 @given(doc=st.one_of(st.sampled_from(["[]", "[1, 2]", "NaN", '{"batches": NaN}', "{"]), S.json_values.map(json.dumps)))
 def test_leaderboard_bad_profile(check, doc):
     damage = S.Damage(f"prof.json = {doc[:60]!r}", lambda root: (root / "prof.json").write_text(doc), ["prof.json"])
