@@ -35,9 +35,10 @@ def load_meta(path: str, revision: str | None = None, trust_remote_code: bool = 
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from draftsmith.target import config_json_error, resolve_path
+    from draftsmith.target import check_config_json, config_json_error, resolve_path
 
     local = resolve_path(path)
+    check_config_json(local)
     try:
         config = AutoConfig.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code)
     except StrictDataclassError as exc:  # a config.json value of the wrong type

@@ -210,6 +210,7 @@ def load(path: str, dtype: str = "float32", device: str = "auto", revision: str 
                                 "(holding config.json), a Hugging Face id such as org/name, or builtin:pycode-tiny")
     if dtype not in DTYPES:
         raise ValueError(f"target dtype {dtype!r} is not one of {list(DTYPES)}")
+    check_config_json(local)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             local, dtype=DTYPES[dtype], revision=revision, trust_remote_code=trust_remote_code
@@ -223,9 +224,28 @@ def load(path: str, dtype: str = "float32", device: str = "auto", revision: str 
         raise FileNotFoundError(f"target path {path!r}: no such local directory, and as a Hugging Face id it did not "
                                 f"load ({first}); give an existing model directory, or a hub id available online or "
                                 "in the local cache") from exc
-    tokenizer = AutoTokenizer.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code)
+    except ValueError as exc:  # e.g. a tokenizer.json that is not UTF-8: the message named no file
+        detail = " ".join(str(exc).split())[:300]
+        raise UserError(f"{path}: the target's tokenizer files (tokenizer.json, tokenizer_config.json) do not load: "
+                        f"{detail}; restore them from the model's source") from exc
     model.to(resolve_device(device))
     return Target(model, tokenizer, name=display_name(path), path=path)
+
+
+def check_config_json(local: str) -> None:
+    """A local target's config.json must be a JSON object (transformers fails on null or a list with a
+    TypeError traceback)."""
+    file = Path(local).expanduser() / "config.json"
+    if not file.is_file():
+        return  # a hub id, or a directory without one: transformers names what is missing
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as exc:  # ValueError: not JSON, or not UTF-8
+        raise UserError(f"{file}: not valid JSON ({' '.join(str(exc).split())[:200]}); restore the target's config.json") from exc
+    if not isinstance(data, dict):
+        raise UserError(f"{file}: a JSON {type(data).__name__}, expected an object; restore the target's config.json")
 
 
 def config_json_error(local: str, exc: Exception) -> UserError:

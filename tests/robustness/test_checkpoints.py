@@ -4,7 +4,8 @@ its target's files (config.json, tokenizer files, chat template) damaged, and ba
 and memory limit (tests/robustness/sandbox.py says what is asserted).
 
 Generated inputs per test in CI (DRAFTSMITH_HARNESS_EXAMPLES=N runs N random ones instead):
-  eval:    12 bad flag values, 10 damaged config.yaml values, 8 damaged drafter.json values,
+  eval:    12 bad flag values, 10 damaged config.yaml values, 6 damaged config.yaml documents,
+           8 damaged drafter.json values,
            8 damaged drafter.json documents, 8 damaged safetensors headers, 8 damaged target files,
            9 hostile chat templates (one each)
   export:  10 bad flag values, 8 damaged drafter.json / config.yaml values, 8 damaged safetensors
@@ -107,6 +108,23 @@ def test_eval_damaged_config_yaml(check, damage):
     check(_eval(damage), [damage])
 
 
+@pytest.mark.xfail(strict=False, reason="issue 22 finding 2 and low (a received config.yaml's alias bomb or deep "
+                                        "nesting), fixed on branch t22a")
+@pytest.mark.parametrize("kind", ["bomb_value", "deep_list"])
+def test_eval_known_config_yaml_documents(check, kind):
+    damage = S.yaml_document_damage(CONFIG_YAML, kind)
+    check(_eval(damage, seconds=10), [damage])
+
+
+@harness_settings(6)
+@given(damage=st.one_of(S.byte_damage(CONFIG_YAML, text_only=True),
+                        S.yaml_structure_damage(CONFIG_YAML, ["list", "scalar", "tabs", "binary_tag", "python_tag",
+                                                              "huge_int"])))
+def test_eval_damaged_config_yaml_document(check, damage):
+    # an empty config.yaml is the default recipe: the fingerprint check then names the checkpoint, which is fine
+    check(_eval(damage, names=[CKPT]), [damage])
+
+
 @pytest.mark.xfail(strict=False, reason="issue 22 low findings (drafter.json that is a list, lacks target or names another kind: tracebacks), fixed on branch t22b")
 @harness_settings(8)
 @given(damage=S.json_damage(DRAFTER_JSON, DRAFTER_JSON_PATHS))
@@ -150,7 +168,7 @@ TEMPLATE_FINDINGS = {"nested_loops": "13", "huge_output": "13", "include": "low:
 def test_eval_hostile_chat_template(check, kind):
     damage = S.Damage(f"chat template {kind}", lambda root: (root / "target/chat_template.jinja").write_text(
         S.TEMPLATES[kind]), ["chat_template.jinja", "chat template", "chat_template", "template"])
-    check(_eval(damage, seconds=20), [damage])
+    check(_eval(damage, seconds=8), [damage])
 
 
 # --------------------------------------------------------------------------- export

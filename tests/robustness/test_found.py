@@ -53,3 +53,26 @@ def test_a_result_section_of_the_wrong_type_is_a_malformed_result(check):
     for argv, outputs in ((["report", world.RESULT, "--no-html"], []), (["leaderboard", "results", "--out", "lb"], ["lb"])):
         out = check(Case(argv, names=["time_per_round_s"], outputs=outputs), [damage])
         assert out.code == 2 and world.RESULT in out.stderr
+
+
+def test_a_target_config_json_that_is_not_an_object_is_one_line(check):
+    """config.json holding `null`: transformers' TypeError traceback in inspect and eval."""
+    damage = S.Damage("target/config.json = null", lambda root: (root / "target/config.json").write_text("null"),
+                      ["config.json"])
+    out = check(Case(["inspect", "target"], names=["target/config.json"], named_at=(1,)), [damage])
+    assert out.code == 1 and "expected an object" in out.stderr
+    out = check(Case(["eval", world.CHECKPOINT, *world.EVAL_FAST, "--out", "out/r.json"],
+                     names=["target/config.json"], outputs=["out"]), [damage])
+    assert out.code == 2 and "expected an object" in out.stderr
+
+
+def test_a_tokenizer_json_that_is_not_utf8_names_the_tokenizer_files(check):
+    """A non-UTF-8 tokenizer.json: `'utf-8' codec can't decode byte ...` with no file named."""
+    def damage_tokenizer(root) -> None:
+        path = root / "target/tokenizer.json"
+        path.write_bytes(b"\x84" + path.read_bytes())
+
+    damage = S.Damage("target/tokenizer.json: a non-UTF-8 first byte", damage_tokenizer, ["tokenizer.json"])
+    out = check(Case(["eval", world.CHECKPOINT, *world.EVAL_FAST, "--out", "out/r.json"],
+                     names=["tokenizer.json"], outputs=["out"]), [damage])
+    assert out.code == 2
