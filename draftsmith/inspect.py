@@ -60,7 +60,7 @@ def load_meta(path: str, revision: str | None = None, trust_remote_code: bool = 
         pass  # no generation_config.json: EOS ids come from the config and tokenizer
     try:
         tokenizer = AutoTokenizer.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, TypeError) as exc:  # TypeError: e.g. a special token that is an object
         tokenizer, problems = None, problems + [f"the tokenizer cannot be loaded from {path}: {exc}"]
     return config, model, tokenizer, problems
 

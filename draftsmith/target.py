@@ -226,7 +226,7 @@ def load(path: str, dtype: str = "float32", device: str = "auto", revision: str 
                                 "in the local cache") from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code)
-    except ValueError as exc:  # e.g. a tokenizer.json that is not UTF-8: the message named no file
+    except (ValueError, TypeError) as exc:  # a tokenizer.json that is not UTF-8, a special token that is an object
         detail = " ".join(str(exc).split())[:300]
         raise UserError(f"{path}: the target's tokenizer files (tokenizer.json, tokenizer_config.json) do not load: "
                         f"{detail}; restore them from the model's source") from exc

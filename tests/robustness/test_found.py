@@ -76,3 +76,19 @@ def test_a_tokenizer_json_that_is_not_utf8_names_the_tokenizer_files(check):
     out = check(Case(["eval", world.CHECKPOINT, *world.EVAL_FAST, "--out", "out/r.json"],
                      names=["tokenizer.json"], outputs=["out"]), [damage])
     assert out.code == 2
+
+
+def test_a_special_token_that_is_an_object_names_the_tokenizer_files(check):
+    """tokenizer_config.json with `"bos_token": {}`: transformers' TypeError traceback."""
+    def damage_config(root) -> None:
+        path = root / "target/tokenizer_config.json"
+        data = json.loads(path.read_text())
+        data["bos_token"] = {}
+        path.write_text(json.dumps(data))
+
+    damage = S.Damage("target/tokenizer_config.json: bos_token = {}", damage_config, ["tokenizer_config.json"])
+    out = check(Case(["eval", world.CHECKPOINT, *world.EVAL_FAST, "--out", "out/r.json"],
+                     names=["tokenizer_config.json"], outputs=["out"]), [damage])
+    assert out.code == 2
+    out = check(Case(["inspect", "target"], names=["tokenizer"], named_at=(1,)), [damage])
+    assert out.code == 1
