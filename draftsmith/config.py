@@ -318,6 +318,9 @@ def apply_override(raw: dict, assignment: str) -> None:
         value = load_yaml(text, f"override {key.strip()}") if text != "" else ""
     except YAMLBoundError as exc:
         raise ConfigError("command line", [str(exc)]) from None
+    except ValueError as exc:  # an integer of more than 4,300 digits
+        raise ConfigError("command line", [f"override {key.strip()}: {text[:60]!r} is not a YAML value "
+                                           f"({' '.join(str(exc).split())[:200]}); quote it as a string"]) from None
     parts = key.strip().split(".")
     node = raw
     for part in parts[:-1]:
@@ -459,6 +462,8 @@ def load(path: str | Path, overrides: list[str] | None = None) -> RecipeConfig:
         raw = load_yaml(text, str(path)) or {}
     except YAMLBoundError as exc:  # bad syntax, aliases past a bound, deep nesting, a repeated key
         raise ConfigError(str(path), [exc.detail]) from None
+    except ValueError as exc:  # an integer of more than 4,300 digits
+        raise ConfigError(str(path), [f"not valid YAML: {' '.join(str(exc).split())[:200]}"]) from None
     if not isinstance(raw, dict):
         raise ConfigError(str(path), ["the recipe must be a YAML mapping at top level"])
     return from_dict(raw, str(path), overrides)

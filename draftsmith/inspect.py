@@ -48,15 +48,21 @@ def load_meta(path: str, revision: str | None = None, trust_remote_code: bool = 
     """(config, model on the meta device, tokenizer or None, problems): nothing heavy is loaded (a GGUF
     file's metadata is read, not its tensors)."""
     import torch
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from draftsmith.target import hf_kwargs, locate, require_gguf_package
+    from draftsmith.target import check_config_json, config_json_error, hf_kwargs, locate, require_gguf_package
 
     local, gguf_name = locate(path, gguf_file)
     if gguf_name:
         require_gguf_package(path)
+    else:
+        check_config_json(local)
     extra = hf_kwargs(gguf_name)
-    config = AutoConfig.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code, **extra)
+    try:
+        config = AutoConfig.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code, **extra)
+    except StrictDataclassError as exc:  # a config.json value of the wrong type
+        raise config_json_error(local, exc) from exc
     problems = []
     model = None
     try:
@@ -77,7 +83,7 @@ def load_meta(path: str, revision: str | None = None, trust_remote_code: bool = 
     try:
         tokenizer = AutoTokenizer.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code,
                                                   **extra)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, TypeError) as exc:  # TypeError: e.g. a special token that is an object
         tokenizer, problems = None, problems + [f"the tokenizer cannot be loaded from {path}: {exc}"]
     return config, model, tokenizer, problems
 

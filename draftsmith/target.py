@@ -21,7 +21,10 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from torch import nn
+
+from draftsmith.errors import UserError
 
 BUILTIN_DIR = Path(__file__).parent / "assets"
 GGUF_SUFFIX = ".gguf"
@@ -331,11 +334,15 @@ def load(path: str, dtype: str = "float32", device: str = "auto", revision: str 
     if gguf_name:
         require_gguf_package(path)
     extra = hf_kwargs(gguf_name)
+    if not gguf_name:
+        check_config_json(local)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             local, dtype=DTYPES[dtype], revision=revision, trust_remote_code=trust_remote_code,
             **gguf_model_kwargs(gguf_name)
         )
+    except StrictDataclassError as exc:  # a config.json value of the wrong type (transformers 5 checks them)
+        raise config_json_error(local, exc) from exc
     except (OSError, ValueError) as exc:
         if Path(local).expanduser().is_dir():
             raise
@@ -343,7 +350,12 @@ def load(path: str, dtype: str = "float32", device: str = "auto", revision: str 
         raise FileNotFoundError(f"target path {path!r}: no such local directory, and as a Hugging Face id it did not "
                                 f"load ({first}); give an existing model directory, or a hub id available online or "
                                 "in the local cache") from exc
-    tokenizer = AutoTokenizer.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code, **extra)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code, **extra)
+    except (ValueError, TypeError) as exc:  # a tokenizer.json that is not UTF-8, a special token that is an object
+        detail = " ".join(str(exc).split())[:300]
+        raise UserError(f"{path}: the target's tokenizer files (tokenizer.json, tokenizer_config.json) do not load: "
+                        f"{detail}; restore them from the model's source") from exc
     gguf_path = None
     if gguf_name:
         gguf_path = str((Path(local).expanduser() / gguf_name).resolve())
@@ -365,6 +377,26 @@ def _settle_gguf_model(model: nn.Module, gguf_path: str) -> None:
     model.is_quantized = False
     if not getattr(model.config, "architectures", None):
         model.config.architectures = [type(model).__name__]
+
+
+def check_config_json(local: str) -> None:
+    """A local target's config.json must be a JSON object (transformers fails on null or a list with a
+    TypeError traceback)."""
+    file = Path(local).expanduser() / "config.json"
+    if not file.is_file():
+        return  # a hub id, or a directory without one: transformers names what is missing
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as exc:  # ValueError: not JSON, or not UTF-8
+        raise UserError(f"{file}: not valid JSON ({' '.join(str(exc).split())[:200]}); restore the target's config.json") from exc
+    if not isinstance(data, dict):
+        raise UserError(f"{file}: a JSON {type(data).__name__}, expected an object; restore the target's config.json")
+
+
+def config_json_error(local: str, exc: Exception) -> UserError:
+    """One line naming the target's config.json and its bad field (huggingface_hub's StrictDataclassError)."""
+    detail = " ".join(str(exc).split())[:300]
+    return UserError(f"{Path(local) / 'config.json'}: {detail}; fix that value in the target's config.json")
 
 
 def looks_local(path: str) -> bool:

@@ -197,7 +197,7 @@ def build_leaderboard(paths: list[str | Path], out_dir: str | Path, training_log
     (index.html last), so an interrupted build leaves out_dir as it was, never plots without a page."""
     results, skipped = load_results(list(paths))
     if not results:
-        raise ValueError("no readable result files; skipped:\n  " + "\n  ".join(skipped))
+        raise ValueError("no readable result files; skipped: " + "; ".join(skipped))  # one line (cli contract)
     final_dir = Path(out_dir)
     final_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.tmp-", dir=final_dir.parent))

@@ -150,7 +150,10 @@ _REQUIRED_AGG = ("acceptance_length.mean",)
 _OPTIONAL_AGG = ("acceptance_length.pooled", "tpot_speedup.median", "new_tokens", "rounds", "speedup.median", "speedup.p10", "speedup.p90", "spec_tokens_per_s.median",
                  "target_tokens_per_s.median", "ttft_s.median", "tpot_s.median", "latency_s.p90",
                  "peak_memory_mb", "costs.draft_step_s", "costs.verify_forward_s", "costs.target_step_s",
-                 "time_split.draft", "time_split.verify", "time_split.overhead")
+                 "time_split.draft", "time_split.verify", "time_split.overhead", "time_per_round_s.overhead",
+                 "costs.round_overhead_s")
+# objects the report reads fields from: a list or a number in their place is malformed, not absent
+_AGG_SECTIONS = sorted({key.split(".")[0] for key in _OPTIONAL_AGG if "." in key})
 
 
 MAX_SPEEDUP = 1000.0  # no speculative loop is a thousand times faster than its target alone
@@ -214,6 +217,8 @@ def validate(data: Any, where: str) -> dict[str, dict[str, Any]]:
         if "acceptance_rate" not in agg:  # null: nothing was proposed (k = 0, or no n-gram match)
             raise MalformedResultError(f"{at}: missing key 'acceptance_rate' (see docs/results-schema.md)")
         _get(agg, "acceptance_rate", NUM, at, optional=True)
+        for key in _AGG_SECTIONS:
+            _get(agg, key, (dict,), at, optional=True)
         for key in _OPTIONAL_AGG:
             _get(agg, key, NUM, at, optional=True)
         _check_ranges(agg, k, at)
