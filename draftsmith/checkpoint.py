@@ -234,7 +234,11 @@ def load_drafter(path: str | Path, device: str | None = None, target=None,
         target_cfg = cfg.target
         if device is not None:
             target_cfg.device = device
-        target = target_mod.from_config(target_cfg)  # in the recipe's dtype: the fingerprint is of those values
+        try:
+            target = target_mod.from_config(target_cfg)  # in the recipe's dtype: the fingerprint is of those values
+        except FileNotFoundError as exc:  # name where the path came from: the checkpoint's recipe
+            raise FileNotFoundError(f"{path / 'config.yaml'}: target.path {target_cfg.path!r}: {exc}; "
+                                    "or give the target with --target") from None
     expected = meta["target"]["fingerprint"]
     if not target.matches(expected):
         raise ValueError(
@@ -246,5 +250,5 @@ def load_drafter(path: str | Path, device: str | None = None, target=None,
     check_vocab_map(state, target.vocab_size, str(path / "drafter.safetensors"))
     options = config_mod.drafter_options(cfg)
     drafter = DRAFTERS.get(meta["kind"]).from_target(options, target, None)
-    fit_state(state, drafter, str(path / "drafter.safetensors"))
+    fit_state(state, drafter, f"{path / 'drafter.safetensors'} (the drafter built from config.yaml's drafter.options)")
     return LoadedDrafter(drafter=drafter.eval(), target=target, config=cfg, meta=meta)

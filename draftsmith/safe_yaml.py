@@ -91,7 +91,10 @@ def _expanded_size(root) -> int:
 
 def load(text: str, source: str = "YAML"):
     """yaml.safe_load with the bounds above; errors (bounds and syntax) are ValueErrors naming `source`."""
-    loader = _BoundedLoader(text)
+    try:
+        loader = _BoundedLoader(text)  # the reader refuses control characters here, before any parsing
+    except yaml.YAMLError as exc:
+        raise YAMLBoundError(source, f"not valid YAML: {' '.join(str(exc).split())[:300]}") from None
     loader.source = source
     try:
         node = loader.get_single_node()

@@ -62,6 +62,9 @@ class ExportValidationError(ValueError):
 
     def __init__(self, where: str, problems: list[str]):
         self.problems = problems
+        if len(problems) == 1:  # the one-line contract of expected errors
+            super().__init__(f"export to {where} failed validation, nothing was written: {problems[0]}")
+            return
         lines = "\n".join(f"  - {p}" for p in problems)
         super().__init__(f"export to {where} failed validation ({len(problems)} problem(s)); nothing was written:\n{lines}")
 

@@ -40,6 +40,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
 
 from draftsmith import packing
+from draftsmith.bounds import MAX_DRAFT_TOKENS  # k per round: no engine verifies more
 from draftsmith.heads import vocab_loss
 from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.draft_layer import draft_layer_config, rotary
@@ -328,7 +329,7 @@ class BlockConfig:
 
     def problems(self) -> list[str]:
         """Ranges `config.load` and `draftsmith validate` report (one message per bad option)."""
-        return range_problems(self, {"block_size": ">= 2", "num_layers": ">= 1", "num_anchors": ">= 1",
+        return range_problems(self, {"block_size": f">= 2 and <= {MAX_DRAFT_TOKENS + 1}", "num_layers": ">= 1", "num_anchors": ">= 1",
                                      "loss_decay_gamma": "> 0", "mask_token_id": ">= 0", "draft_vocab_size": ">= 2",
                                      "num_heads": ">= 1", "num_kv_heads": ">= 1", "intermediate_size": ">= 1",
                                      "aux_layer_ids": ">= 0"}) + aux_layer_problems(self.aux_layer_ids)

@@ -28,6 +28,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from draftsmith import packing
+from draftsmith.bounds import MAX_DRAFT_TOKENS  # k per round: no engine verifies more
 from draftsmith.heads import vocab_loss
 from draftsmith.heads.base import DRAFTERS, Drafter, StepOutput, range_problems
 from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, rotary
@@ -94,7 +95,7 @@ class Eagle3Drafter(Drafter):
 
         def problems(self) -> list[str]:
             """Ranges `config.load` and `draftsmith validate` report (one message per bad option)."""
-            out = range_problems(self, {"ttt_steps": ">= 1", "step_decay": "> 0 and <= 1", "draft_vocab_size": ">= 2",
+            out = range_problems(self, {"ttt_steps": f">= 1 and <= {MAX_DRAFT_TOKENS}", "step_decay": "> 0 and <= 1", "draft_vocab_size": ">= 2",
                                         "num_heads": ">= 1", "num_kv_heads": ">= 1", "intermediate_size": ">= 1",
                                         "aux_layer_ids": ">= 0", "hard_label_weight": ">= 0 and <= 1",
                                         "init_std": "> 0", "feature_noise": ">= 0", "loss_chunk": ">= 1"})

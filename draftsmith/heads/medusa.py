@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from draftsmith import packing
+from draftsmith.bounds import MAX_DRAFT_TOKENS  # k per round: no engine verifies more
 from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.proposing import LastStateProposer, draw
 from draftsmith.heads.shared import Frozen
@@ -130,7 +131,7 @@ class MedusaDrafter(Drafter):
 
         def problems(self) -> list[str]:
             """Ranges `config.load` and `draftsmith validate` report (one message per bad option)."""
-            out = range_problems(self, {"num_heads": ">= 1", "num_layers": ">= 0", "head_decay": "> 0",
+            out = range_problems(self, {"num_heads": f">= 1 and <= {MAX_DRAFT_TOKENS}", "num_layers": ">= 0", "head_decay": "> 0",
                                         "head_weights": ">= 0", "lora_r": ">= 1", "lora_alpha": ">= 1",
                                         "lora_dropout": ">= 0 and < 1", "lora_kl_weight": ">= 0"})
             if self.head_weights is not None and len(self.head_weights) != self.num_heads:

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+from draftsmith.bounds import MAX_DRAFT_TOKENS  # k per round: no engine verifies more
 from draftsmith.heads import vocab_loss
 from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, rotary
@@ -65,7 +66,7 @@ class PEagleDrafter(Drafter):
 
         def problems(self) -> list[str]:
             """Ranges `config.load` and `draftsmith validate` report (one message per bad option)."""
-            return range_problems(self, {"num_depths": ">= 1", "down_sample_ratio": "> 0 and <= 1", "down_sample_ratio_min": "> 0 and <= 1", "mask_token_id": ">= 0", "draft_vocab_size": ">= 2", "num_heads": ">= 1", "num_kv_heads": ">= 1", "intermediate_size": ">= 1", "aux_layer_ids": ">= 0"}) + aux_layer_problems(self.aux_layer_ids)
+            return range_problems(self, {"num_depths": f">= 1 and <= {MAX_DRAFT_TOKENS}", "down_sample_ratio": "> 0 and <= 1", "down_sample_ratio_min": "> 0 and <= 1", "mask_token_id": ">= 0", "draft_vocab_size": ">= 2", "num_heads": ">= 1", "num_kv_heads": ">= 1", "intermediate_size": ">= 1", "aux_layer_ids": ">= 0"}) + aux_layer_problems(self.aux_layer_ids)
 
     def __init__(self, cfg, layer_config, aux_layer_ids: list[int], draft_vocab_size: int, target_vocab_size: int,
                  mask_token_id: int):

@@ -12,7 +12,7 @@ Generated inputs per test in CI (DRAFTSMITH_HARNESS_EXAMPLES=N runs N random one
            4 NaN / inf weights; fixed: 6 --out paths onto the user's files
   inspect: 10 damaged target config.json / tokenizer files
   profile: 6 bad flag values
-Known findings of issue 22 (fixed on other branches) have their own tests, marked xfail.
+Known findings of issue 22 have their own tests (they failed before the fixes).
 """
 from __future__ import annotations
 
@@ -94,8 +94,6 @@ KNOWN_EVAL_FLAGS = [(["--temperature", "nan"], "low: --temperature nan"), (["--t
                     (["--out", CONFIG_YAML], "low: eval --out CKPT/config.yaml")]
 
 
-@pytest.mark.xfail(strict=False, reason="issue 22 findings 9, 10 and low (--temperature nan, --device cuda, "
-                                        "--batch-size 0, --workloads ',', --out CKPT/config.yaml), fixed on branch t22b")
 @pytest.mark.parametrize("extra, finding", KNOWN_EVAL_FLAGS, ids=[" ".join(e) for e, _ in KNOWN_EVAL_FLAGS])
 def test_eval_known_flag_findings(check, extra, finding):
     check(_eval(extra=extra, names=[extra[0]], expect_error=True, seconds=15))
@@ -109,8 +107,6 @@ def test_eval_damaged_config_yaml(check, damage):
     check(_eval(damage), [damage])
 
 
-@pytest.mark.xfail(strict=False, reason="issue 22 finding 2 and low (a received config.yaml's alias bomb or deep "
-                                        "nesting), fixed on branch t22a")
 @pytest.mark.parametrize("kind", ["bomb_value", "deep_list"])
 def test_eval_known_config_yaml_documents(check, kind):
     damage = S.yaml_document_damage(CONFIG_YAML, kind)
@@ -126,21 +122,18 @@ def test_eval_damaged_config_yaml_document(check, damage):
     check(_eval(damage, names=[CKPT]), [damage])
 
 
-@pytest.mark.xfail(strict=False, reason="issue 22 low findings (drafter.json that is a list, lacks target or names another kind: tracebacks), fixed on branch t22b")
 @harness_settings(8)
 @given(damage=S.json_damage(DRAFTER_JSON, DRAFTER_JSON_PATHS))
 def test_eval_damaged_drafter_json_values(check, damage):
     check(_eval(damage), [damage])
 
 
-@pytest.mark.xfail(strict=False, reason="issue 22 low findings (drafter.json a list / garbled: traceback or no file named), fixed on branch t22b")
 @harness_settings(8)
 @given(damage=st.one_of(S.whole_json_damage(DRAFTER_JSON), S.byte_damage(DRAFTER_JSON)))
 def test_eval_damaged_drafter_json_document(check, damage):
     check(_eval(damage), [damage])
 
 
-@pytest.mark.xfail(strict=False, reason="issue 22 low findings (truncated, garbage or huge-shape safetensors; shape mismatches: tracebacks), fixed on branch t22b")
 @harness_settings(8)
 @given(damage=S.safetensors_damage(WEIGHTS, TENSORS, allow_non_finite=False))
 def test_eval_damaged_safetensors(check, damage):
@@ -163,9 +156,7 @@ TEMPLATE_FINDINGS = {"nested_loops": "13", "huge_output": "13", "include": "low:
                      "syntax_error": "low: template error", "undefined_filter": "low: template error"}
 
 
-@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.xfail(
-    strict=False, reason=f"issue 22 finding {TEMPLATE_FINDINGS[k]} (traceback or hang), fixed on branch t22a/t22b"))
-    if k in TEMPLATE_FINDINGS else k for k in sorted(S.TEMPLATES)])
+@pytest.mark.parametrize("kind", sorted(S.TEMPLATES))  # TEMPLATE_FINDINGS: which issue-22 finding each one was
 def test_eval_hostile_chat_template(check, kind):
     damage = S.Damage(f"chat template {kind}", lambda root: (root / "target/chat_template.jinja").write_text(
         S.TEMPLATES[kind]), ["chat_template.jinja", "chat template", "chat_template", "template"])
@@ -186,7 +177,6 @@ def test_export_bad_flags(check, extra):
     check(_export(extra=extra, names=[a for a in extra if a.startswith("--")] + [a for a in extra[1::2] if a]))
 
 
-@pytest.mark.xfail(strict=False, reason="issue 22 low findings (drafter.json names another kind / wrong types: tracebacks), fixed on branch t22b")
 @harness_settings(8)
 @given(damage=st.one_of(S.json_damage(DRAFTER_JSON, DRAFTER_JSON_PATHS),
                         S.yaml_value_damage(CONFIG_YAML, CONFIG_KEYS)))
@@ -194,7 +184,6 @@ def test_export_damaged_metadata(check, damage):
     check(_export(damage), [damage])
 
 
-@pytest.mark.xfail(strict=False, reason="issue 22 low findings (truncated, garbage or huge-shape safetensors: tracebacks), fixed on branch t22b")
 @harness_settings(8)
 @given(damage=S.safetensors_damage(WEIGHTS, TENSORS, allow_non_finite=False),
        fmt=st.sampled_from(["vllm", "sglang", "trtllm"]))
@@ -202,7 +191,6 @@ def test_export_damaged_safetensors(check, damage, fmt):
     check(_export(damage, fmt), [damage])
 
 
-@pytest.mark.xfail(strict=False, reason="issue 22 finding 7 (NaN or inf weights export as validated), fixed on branch t22b")
 @harness_settings(4)
 @given(damage=S.safetensors_damage(WEIGHTS, FLOAT_TENSORS, only=["nan", "inf"]),
        fmt=st.sampled_from(["vllm", "sglang", "trtllm"]))
@@ -242,8 +230,6 @@ PROFILE_FLAGS = {"--k-max": SMALL_INTS, "--repeats": SMALL_INTS, "--batches": st
                  "--validate-batches": st.sampled_from(["0", "1", "-2", "x"])}
 
 
-@pytest.mark.xfail(strict=False, reason="issue 22 low findings (profile errors name no flag: `profile --repeats -5`; "
-                                        "also --max-new-tokens -1), fixed on branch t22b")
 @harness_settings(6)
 @given(extra=flag_values(PROFILE_FLAGS, count=1))
 def test_profile_bad_flags(check, extra):

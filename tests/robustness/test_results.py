@@ -8,7 +8,7 @@ Generated inputs per test in CI (DRAFTSMITH_HARNESS_EXAMPLES=N runs N random one
                --html onto the result
   leaderboard: 8 bad values anywhere in the result (beside a good copy), 4 damaged documents,
                3 bad flags, 3 bad --profile files
-Known findings of issue 22 (fixed on other branches) have their own tests, marked xfail.
+Known findings of issue 22 have their own tests (they failed before the fixes).
 """
 from __future__ import annotations
 
@@ -99,7 +99,6 @@ KNOWN_REPORT = [("training_log", "../huge.jsonl", "15"),
                 ("command", "\x1b[31mred", "low: ANSI/OSC escapes")]
 
 
-@pytest.mark.xfail(strict=False, reason="issue 22 finding 15 and low (ANSI/OSC escapes printed raw), fixed on branch t22a")
 @pytest.mark.parametrize("key, value, finding", KNOWN_REPORT, ids=[f"{k}={v!r}" for k, v, _ in KNOWN_REPORT])
 def test_report_known_findings(check, key, value, finding):
     path = tuple(key.split("."))
@@ -113,15 +112,12 @@ def _sparse_log(root) -> None:
         f.truncate(4 << 30)
 
 
-@pytest.mark.xfail(strict=False, reason="issue 22 low finding (deep nesting in JSON: a RecursionError traceback), "
-                                        "fixed on branch t22a")
 @pytest.mark.parametrize("doc", S.DEEP_JSON, ids=["list", "object"])
 def test_report_deeply_nested_result(check, doc):
     damage = S.Damage(f"{RESULT}: nested {doc[:5]!r}...", lambda root: (root / RESULT).write_text(doc), [])
     check(_report(damage), [damage])
 
 
-@pytest.mark.xfail(strict=False, reason="issue 22 low finding (report X.html where X.html is the result), fixed on branch t22a")
 def test_report_html_onto_the_result(check):
     case = _report(None, ["--html", RESULT], names=["--html", RESULT], expect_error=True)
     case.outputs = []
@@ -164,8 +160,6 @@ def test_leaderboard_bad_flags(check, extra):
     check(_leaderboard(None, extra, names=[extra[0], extra[1]]), [S.Damage("copy", _copy_result, [])])
 
 
-@pytest.mark.xfail(strict=False, reason="issue 22 low findings (a --profile file that is a list; NaN/Infinity in "
-                                        "speedup_profile.json), fixed on branch t22a")
 @harness_settings(3)
 @given(doc=st.one_of(st.sampled_from(["[]", "[1, 2]", "NaN", '{"batches": NaN}', "{"]), S.json_values.map(json.dumps)))
 def test_leaderboard_bad_profile(check, doc):
