@@ -351,10 +351,10 @@ def run(args: EvalOptions) -> EvalRun:
         return EvalRun(out, Path(written), passed=False)
     if args.check_lossless and not out["lossless"]["passed"]:
         print("[eval] --check-lossless FAILED: speculative greedy output differs from target-only output", file=sys.stderr)
+        return EvalRun(out, Path(written), passed=False)
     if args.check_lossless and out["lossless"].get("near_ties"):
         print(f"[eval] --check-lossless: {len(out['lossless']['near_ties'])} prompt(s) diverged at a numerical near-tie "
               f"of the {weights_dtype} target (not a failure; --verify-dtype float32 verifies in float32)")
-        return EvalRun(out, Path(written), passed=False)
     return EvalRun(out, Path(written), passed=True)
 
 

@@ -30,7 +30,8 @@ def main() -> None:
     target_dir, out, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    tcfg = SimpleNamespace(path=target_dir, dtype="float32", device="cpu", revision=None, trust_remote_code=False)
+    tcfg = SimpleNamespace(path=target_dir, dtype="float32", device="cpu", revision=None, trust_remote_code=False,
+                           gguf_file=None)
     with torch.device("meta"):  # warm-up: lazy imports (modeling code, tokenizer) happen before the baseline
         AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(target_dir))
     AutoTokenizer.from_pretrained(target_dir)

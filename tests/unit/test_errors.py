@@ -54,7 +54,7 @@ def test_validate_reports_ranges(tmp_path, capsys):
     recipe.write_text("drafter:\n  kind: eagle3\n  ttt_steps: 0\ntrain:\n  lr: -0.001\n")
     assert cli_main(["validate", str(recipe)]) == 1
     out = capsys.readouterr().out
-    assert "drafter.ttt_steps: must be >= 1, got 0" in out and "train.lr: must be > 0, got -0.001" in out
+    assert "drafter.ttt_steps: must be >= 1 and <= 64, got 0" in out and "train.lr: must be > 0, got -0.001" in out
 
 
 # One out-of-range option per drafter kind; each kind's Config reports its own ranges.

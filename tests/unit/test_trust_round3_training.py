@@ -149,6 +149,16 @@ def test_a_full_disk_while_writing_final_keeps_the_last_checkpoint(tiny_run, mon
 
 def test_a_drafting_block_past_the_targets_positions_is_refused_up_front(tiny_run):
     raw = config.to_dict(tiny_run("block"))
-    raw["drafter"] = {"kind": "dflash", "block_size": 5000}
-    with pytest.raises(UserError, match=r"drafter.block_size=5,000 is past the target's 1,024 positions"):
-        Trainer(config.from_dict(raw))
+    raw["drafter"] = {"kind": "dflash", "block_size": 5000}  # past any engine's k first (bounds.MAX_DRAFT_TOKENS)
+    with pytest.raises(config.ConfigError, match=r"drafter.block_size: must be >= 2 and <= 65, got 5000"):
+        config.from_dict(raw)
+    raw["drafter"] = {"kind": "dflash", "block_size": 40}
+    raw["data"]["max_length"] = 8  # a block past a short target's positions is still refused before any data loads
+    cfg = config.from_dict(raw)
+    from types import SimpleNamespace
+
+    from draftsmith.train.loop import check_positions
+
+    short = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=32), name="short")
+    with pytest.raises(UserError, match=r"drafter.block_size=40 is past the target's 32 positions"):
+        check_positions(cfg, config.drafter_options(cfg), short)

@@ -59,9 +59,9 @@ def test_checkpoint_config_cannot_turn_on_trust_remote_code(tiny_run, monkeypatc
     seen = []
     real_load = target_mod.load
 
-    def spy(path, dtype="float32", device="auto", revision=None, trust_remote_code=False):
+    def spy(path, dtype="float32", device="auto", revision=None, trust_remote_code=False, gguf_file=None):
         seen.append(trust_remote_code)
-        return real_load(path, dtype, device, revision, False)
+        return real_load(path, dtype, device, revision, False, gguf_file=gguf_file)
 
     monkeypatch.setattr(target_mod, "load", spy)
     ckpt_io.load_drafter(final)
