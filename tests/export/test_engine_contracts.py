@@ -24,6 +24,7 @@ from draftsmith.export import EXPORTERS, export
 from draftsmith.export.common import ExportOptions, ExportValidationError
 from draftsmith.export.validate import validate_export
 from draftsmith.export.vllm_parallel import speculative_tokens
+from draftsmith.report.speedup_model import PROFILE_FILE, PROFILE_SCHEMA
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +88,17 @@ def test_block_export_refuses_k_below_one_block(blocks, kind, tmp_path):
     assert "\n" not in str(err.value)  # one line
     assert not (tmp_path / "x").exists()
     export(path, "vllm", tmp_path / "ok", ExportOptions(num_speculative_tokens=whole), loaded=loaded)  # a whole block
+
+
+def test_block_export_ignores_a_profiles_k_below_one_block(blocks, tmp_path):
+    """`draftsmith profile` may recommend a smaller k; vLLM cannot serve it, so the whole block is kept."""
+    source, loaded = blocks["dflash"]
+    path = tmp_path / "ckpt"
+    shutil.copytree(source, path)
+    (path / PROFILE_FILE).write_text(json.dumps({"schema": PROFILE_SCHEMA, "recommended_num_speculative_tokens": 1}))
+    result = export(path, "vllm", tmp_path / "x")
+    config = json.loads((result.out_dir / "config.json").read_text())
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == speculative_tokens(loaded.drafter)
 
 
 def test_trtllm_eagle3_writes_midlayer_names_and_loads_back(eagle3_ckpt, eagle3_loaded, tmp_path):
