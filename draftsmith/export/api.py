@@ -136,17 +136,18 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
     replacing = check_out_dir(out, source, overwrite)
     profile_text = _speedup_profile(checkpoint if loaded is None else None)
     loaded = loaded if loaded is not None else load_drafter(checkpoint, trust_remote_code=trust_remote_code)
-    recommended = None
-    if profile_text is not None:
-        profile = json.loads(profile_text)
-        recommended = profile.get("recommended_num_speculative_tokens")
-        if opts.num_speculative_tokens is None and isinstance(recommended, int) and recommended >= 1:
-            opts = dataclasses.replace(opts, num_speculative_tokens=recommended)  # the profile's best k at batch 1
     kind = loaded.drafter.kind
     if kind not in exporter.kinds:
         fits = formats_for(kind)
         raise ValueError(f"--to {to} does not take {kind} drafters (it takes {list(exporter.kinds)}); "
                          f"formats for {kind}: {fits}")
+    recommended = None
+    if profile_text is not None:
+        profile = json.loads(profile_text)
+        recommended = profile.get("recommended_num_speculative_tokens")
+        if (opts.num_speculative_tokens is None and isinstance(recommended, int) and recommended >= 1
+                and _servable_k(exporter, loaded, recommended)):
+            opts = dataclasses.replace(opts, num_speculative_tokens=recommended)  # the profile's best k at batch 1
     report: dict = {}
     serve: list[str] = []
 
@@ -181,6 +182,18 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
     return ExportResult(out_dir=out, serve_command=serve[0], report=report)
+
+
+def _servable_k(exporter, loaded, k: int) -> bool:
+    """Whether the format serves `k` draft tokens for this drafter (a block drafter in vLLM takes one whole
+    block only): a profile's recommendation it cannot serve is not applied, the drafter's default is kept."""
+    check = getattr(exporter.layout(loaded.drafter.kind), "check_k", None)
+    try:
+        if check is not None:
+            check(loaded.drafter, k)
+    except ValueError:
+        return False
+    return True
 
 
 def _speedup_profile(checkpoint) -> str | None:

@@ -19,7 +19,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--to", required=True, choices=["vllm", "sglang", "trtllm", "hf", "llama.cpp"],
                         help="engine format (llama.cpp: GGUF files, export/llamacpp.py)")
     parser.add_argument("--out", required=True, help="output directory (built elsewhere, moved in when valid)")
-    parser.add_argument("--dtype", choices=list(DTYPES), default=None, help="weights dtype (default: the checkpoint's)")
+    parser.add_argument("--dtype", choices=list(DTYPES), default=None, help="weights dtype (default: the checkpoint's; sglang, trtllm: the target's)")
     parser.add_argument("--num-speculative-tokens", type=int, default=None,
                         help="draft tokens per round in the serving config (default: the drafter's)")
     parser.add_argument("--verifier", default=None, help="the verifier as the engine loads it (default: recipe target.path)")

@@ -185,6 +185,35 @@ def export_dtype(loaded, opts: ExportOptions) -> torch.dtype:
     return DTYPES[opts.dtype]
 
 
+def serving_dtype(loaded, opts: ExportOptions) -> torch.dtype:
+    """SGLang / TensorRT-LLM: --dtype, else the TARGET's dtype (its config's torch_dtype, else its loaded
+    weights'). SGLang's --dtype auto turns a float32 draft config into float16
+    (srt/configs/model_config.py), and TensorRT-LLM builds the draft's modules in config.torch_dtype, so a
+    float32 export of a bfloat16 target would run the draft in another precision than the target."""
+    if opts.dtype is not None:
+        return export_dtype(loaded, opts)
+    name = declared_dtype(loaded.target)
+    return DTYPES[name] if name in DTYPES else loaded.target.dtype
+
+
+def declared_dtype(target) -> str | None:
+    """The dtype the target's own config.json declares (`dtype`, or transformers 4's `torch_dtype`): what an
+    engine serves it in. The loaded model's config says the dtype draftsmith loaded it in (float32 on CPU)."""
+    import json
+
+    from draftsmith.target import resolve_path
+
+    try:
+        raw = json.loads((Path(resolve_path(str(target.path))).expanduser() / CONFIG_FILE).read_text())
+    except (OSError, ValueError, TypeError):  # a hub id, a GGUF file: no local config.json to read
+        return None
+    for part in (raw, raw.get("text_config") if isinstance(raw, dict) else None):  # multimodal: text_config
+        value = (part.get("dtype") or part.get("torch_dtype")) if isinstance(part, dict) else None
+        if isinstance(value, str):
+            return value
+    return None
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 

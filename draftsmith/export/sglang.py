@@ -7,6 +7,8 @@ adds 1 to each id (its ids name layer OUTPUTS), so the ids written are draftsmit
 Tensors: draftsmith's names unchanged (fc, midlayer.*, norm, lm_head, d2t int64, t2d bool);
 no embed_tokens (SGLang shares the target's). SGLang's loader skips unknown names silently,
 which is why the validation gate compares the exact name set.
+Dtype: SGLang's --dtype auto turns a float32 draft config into float16, so the export defaults to the
+target's dtype (--dtype overrides).
 
     python -m sglang.launch_server --model-path VERIFIER --speculative-algorithm EAGLE3 \
         --speculative-draft-model-path OUT --speculative-num-steps K --speculative-eagle-topk 1 \
@@ -33,13 +35,13 @@ from draftsmith.export.common import (
     eagle3_norm_problems,
     eagle3_tensor_spec,
     eagle3_weights,
-    export_dtype,
     layouts,
     llama_fields,
     num_tokens,
     output_id_refusals,
     output_of_layer_ids,
     read_export,
+    serving_dtype,
     sidecar,
     verifier_name,
 )
@@ -67,7 +69,7 @@ class Eagle3Layout(Layout):
     def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:
         d, target = loaded.drafter, loaded.target
         check_eagle3_aux_count(d.aux_layer_ids, "SGLang")
-        dtype = export_dtype(loaded, opts)
+        dtype = serving_dtype(loaded, opts)
         config = {
             "architectures": ["LlamaForCausalLMEagle3"],
             **llama_fields(d.layer_config, target.config, dtype),

@@ -7,7 +7,11 @@ rope_scaling at top level), draft_vocab_size, target_hidden_size and a nested ea
 use_last_layernorm, use_mtp_layernorm, next_layer_regular, parallel_draft_step,
 parallel_draft_heads_num_layers}. Model Optimizer's ids name layer OUTPUTS (draftsmith id - 1),
 as do TensorRT-LLM's eagle3_layers_to_capture (default {1, L//2 - 1, L - 4}).
-Tensors: layers.0.* instead of midlayer.*, fc, norm, lm_head, d2t; no t2d, no embed_tokens.
+Tensors: midlayer.* (as Model Optimizer's exporter writes them: older TensorRT-LLM's
+Eagle3LlamaDraftModel knows only midlayer.*, newer releases also remap layers.0. to midlayer.),
+fc, norm, lm_head, d2t; no t2d, no embed_tokens.
+Dtype: TensorRT-LLM builds the draft's modules in config.torch_dtype, so the export defaults to the
+target's dtype (--dtype overrides).
 
 The serving config is written next to the weights as extra_llm_api_options.yaml:
     trtllm-serve VERIFIER --backend pytorch --extra_llm_api_options OUT/extra_llm_api_options.yaml
@@ -36,7 +40,6 @@ from draftsmith.export.common import (
     eagle3_norm_problems,
     eagle3_tensor_spec,
     eagle3_weights,
-    export_dtype,
     layouts,
     llama_fields,
     num_tokens,
@@ -44,6 +47,7 @@ from draftsmith.export.common import (
     output_of_layer_ids,
     read_export,
     rename,
+    serving_dtype,
     sidecar,
     verifier_name,
     yaml_scalar,
@@ -74,7 +78,7 @@ class Eagle3Layout(Layout):
     def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:
         d, target = loaded.drafter, loaded.target
         check_eagle3_aux_count(d.aux_layer_ids, "TensorRT-LLM")
-        dtype = export_dtype(loaded, opts)
+        dtype = serving_dtype(loaded, opts)
         ids = output_of_layer_ids(d.aux_layer_ids, "TensorRT-LLM")
         llama = llama_fields(d.layer_config, target.config, dtype)
         llama.pop("rope_parameters")  # Model Optimizer's template has rope_theta + rope_scaling only
@@ -95,7 +99,7 @@ class Eagle3Layout(Layout):
                 "parallel_draft_heads_num_layers": 1,
             },
         }
-        weights = rename(eagle3_weights(loaded, dtype), "midlayer.", "layers.0.")
+        weights = eagle3_weights(loaded, dtype)  # midlayer.*: what every TensorRT-LLM release reads
         weights.pop("t2d")  # Model Optimizer ships d2t only
         k = num_tokens(loaded, opts, d.cfg.ttt_steps)
         side = sidecar(loaded, self.name, self.engine, opts, {"num_speculative_tokens": k})
@@ -121,7 +125,7 @@ class Eagle3Layout(Layout):
     def expected_tensors(self, config: dict) -> dict[str, TensorSpec]:
         return eagle3_tensor_spec(
             config, config["draft_vocab_size"], len(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
-            config["target_hidden_size"], "layers.0.", DTYPES[config["torch_dtype"]], with_t2d=False, with_embed=False,
+            config["target_hidden_size"], "midlayer.", DTYPES[config["torch_dtype"]], with_t2d=False, with_embed=False,
             fc_norm=bool(config.get("fc_norm")),
         )
 
@@ -143,7 +147,7 @@ class Eagle3Layout(Layout):
 
     def load_back(self, export_dir: Path, loaded):
         _, _, tensors = read_export(export_dir)
-        weights = rename(tensors, "layers.0.", "midlayer.")
+        weights = rename(tensors, "layers.0.", "midlayer.")  # exports of draftsmith before midlayer.* still load
         d2t = weights["d2t"].long()
         t2d = torch.zeros(loaded.target.vocab_size, dtype=torch.bool)
         t2d[d2t + torch.arange(d2t.shape[0])] = True  # rebuilt from d2t: target_id = draft_id + d2t[draft_id]

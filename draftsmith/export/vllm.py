@@ -82,6 +82,7 @@ class VLLMLayout(Layout):
 
     method: str | None = None  # the speculative-config method; None: vLLM reads it from the speculators config
     limit_option: str | None = None  # drafter.OPTION that bounds K (heads, stages, depths); None: no bound
+    serve_fields: dict = {}  # more --speculative-config fields (P-EAGLE: parallel_drafting)
 
     def default_k(self, drafter) -> int:
         raise NotImplementedError
@@ -122,7 +123,7 @@ class VLLMLayout(Layout):
 
     def serve_command(self, out_dir: Path, loaded, opts: ExportOptions) -> str:
         spec = json.dumps({"model": str(out_dir), "num_speculative_tokens": self.k(loaded, opts),
-                           **({"method": self.method} if self.method else {})})
+                           **({"method": self.method} if self.method else {}), **self.serve_fields})
         return f"vllm serve {shlex.quote(verifier_name(loaded, opts))} --speculative-config {shlex.quote(spec)}"
 
     def k(self, loaded, opts: ExportOptions) -> int:

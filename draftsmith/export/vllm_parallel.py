@@ -7,7 +7,10 @@ Read from speculators 0.9.0 (models/dflash/config.py, core.py; models/dspark/con
                ["DSparkSpeculator"], draft_vocab_size, block_size, target_hidden_size,
                aux_hidden_state_layer_ids (draftsmith ids: hidden_states[i], the input of layer i),
                mask_token_id, sample_from_anchor (false for DFlash: slot 0 is the anchor, so a block
-               proposes block_size - 1 tokens), sliding_window_non_causal false,
+               proposes block_size - 1 tokens), sliding_window_non_causal TRUE (vLLM >= 0.27,
+               transformers_utils/configs/speculators/algos.py update_dflash: dflash_config.causal =
+               not sliding_window_non_causal (default True), and qwen3_dflash.py applies it to every
+               layer; false would run the bidirectionally trained block causally),
                transformer_layer_config (a Qwen3 config: q_norm/k_norm on heads; num_hidden_layers =
                draft layers; rope and max positions from the target), speculators_config
                {algorithm, proposal_methods [{greedy, speculative_tokens}], verifier}
@@ -83,6 +86,12 @@ class BlockLayout(VLLMLayout):
 
     def check_k(self, drafter, k: int) -> None:
         most = speculative_tokens(drafter)
+        if k < most:  # vLLM's block proposer runs K (+1 for the anchor slot) queries: a shorter block than trained
+            slots = drafter.block_size - most + k
+            raise ValueError(f"--num-speculative-tokens {k} is below what one {drafter.kind} block drafts ({most}, "
+                             f"block_size {drafter.block_size}): vLLM would run a {slots}-slot block through attention "
+                             f"trained bidirectionally on {drafter.block_size} slots, which changes every draft; pass "
+                             f"--num-speculative-tokens {most} or retrain with drafter.block_size={slots}")
         if k > most:
             raise ValueError(f"--num-speculative-tokens {k} exceeds what one {drafter.kind} block drafts ({most} = "
                              f"block_size {drafter.block_size} - anchor); pass --num-speculative-tokens <= {most} or "
@@ -109,7 +118,7 @@ class BlockLayout(VLLMLayout):
             "aux_hidden_state_layer_ids": list(d.aux_layer_ids),
             "mask_token_id": d.mask_token_id,
             "sample_from_anchor": bool(getattr(d, "sample_from_anchor", False)),
-            "sliding_window_non_causal": False,
+            "sliding_window_non_causal": True,  # vLLM >= 0.27 algos.py: false -> dflash_config.causal = True
             "transformer_layer_config": layer,
             "speculators_config": speculators_config(loaded, opts, d.kind, k),
             "torch_dtype": dtype_name(dtype),
@@ -168,9 +177,14 @@ class BlockLayout(VLLMLayout):
                 "sample_from_anchor": bool(getattr(d, "sample_from_anchor", False))}
         problems = [f"config.json: {key} is {config.get(key)!r}, the trained drafter's is {value!r}"
                     for key, value in want.items() if config.get(key) != value]
+        if config.get("sliding_window_non_causal", True) is not True:  # vLLM >= 0.27 algos.py update_dflash
+            problems.append(f"config.json: sliding_window_non_causal is {config.get('sliding_window_non_causal')!r}: "
+                            "vLLM >= 0.27 would run the block causally (dflash_config.causal), the drafter was "
+                            "trained bidirectionally; it must be true")
         k = config["speculators_config"]["proposal_methods"][0].get("speculative_tokens") or 0
-        if not 1 <= k <= speculative_tokens(d):
-            problems.append(f"config.json: speculative_tokens {k} must lie in 1..{speculative_tokens(d)} (one block)")
+        if k != speculative_tokens(d):
+            problems.append(f"config.json: speculative_tokens {k} must be {speculative_tokens(d)} (one whole block: "
+                            "vLLM runs 1 + K queries of a block trained at full length)")
         problems += embedding_problems(tensors, loaded.target.embed_tokens, "the target's")
         if "d2t" in tensors and not torch.equal(tensors["d2t"].long(), d.d2t.cpu()):
             problems.append("model.safetensors: d2t differs from the mapping the drafter was trained with")
@@ -211,10 +225,12 @@ class DSparkLayout(BlockLayout):
 # speculators.models.peagle: the EAGLE-3 layout (config keys, layers.0.*) plus speculators_model_type
 # "peagle", architectures ["PEagleSpeculator"], mask_token_id, embed_requires_grad true, and tensors
 # mask_hidden [1, 1, n*h] and embed_tokens (the drafter's own trained copy, not the target's). vLLM
-# (>= 0.16, PR 41826) maps speculators_model_type "peagle" onto method "eagle" with parallel_drafting.
+# serves P-EAGLE as {"method": "eagle3", "parallel_drafting": true} (0.27 and 0.33; 0.20 has no P-EAGLE):
+# without a method vLLM picks draft_model and parallel_drafting stays off.
 @layouts("vllm").register("peagle")
 class PEagleLayout(Eagle3Layout):
-    method = None  # vLLM reads it from the speculators config
+    method = "eagle3"
+    serve_fields = {"parallel_drafting": True}
     limit_option = "num_depths"
     carries_vocab_map = False
 

@@ -18,7 +18,7 @@ COMMON = {"fc.weight", "norm.weight", "lm_head.weight", "d2t"}
 EXPECTED_TENSORS = {
     "sglang": COMMON | {"t2d"} | {f"midlayer.{n}" for n in LAYER},
     "vllm": COMMON | {"t2d", "embed_tokens.weight"} | {f"layers.0.{n}" for n in LAYER},
-    "trtllm": COMMON | {f"layers.0.{n}" for n in LAYER},
+    "trtllm": COMMON | {f"midlayer.{n}" for n in LAYER},  # Model Optimizer's names (issue 19)
 }
 
 

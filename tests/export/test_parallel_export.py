@@ -142,7 +142,10 @@ def test_peagle_config_and_tensors(exported, ckpts):
     assert tensors["mask_hidden"].shape == (1, 1, 96)
     assert torch.equal(tensors["embed_tokens.weight"], d.embed_tokens.weight)  # its own trained copy
     assert not torch.equal(tensors["embed_tokens.weight"], ckpts["peagle"][1].target.embed_tokens.weight)
-    assert "method" not in exported["peagle"].serve_command  # vLLM derives eagle + parallel_drafting itself
+    # vLLM 0.27 / 0.33 serve P-EAGLE as method eagle3 with parallel_drafting: without a method it picks
+    # draft_model and leaves parallel_drafting off (issue 19, problem 2)
+    spec = json.loads(exported["peagle"].serve_command.split("--speculative-config ", 1)[1].strip("'"))
+    assert spec["method"] == "eagle3" and spec["parallel_drafting"] is True
     with pytest.raises(ValueError, match="num_depths = 4"):
         export(ckpts["peagle"][0], "vllm", exported["peagle"].out_dir.parent / "k9",
                ExportOptions(num_speculative_tokens=9), loaded=ckpts["peagle"][1])
