@@ -2,7 +2,6 @@
 subpackages and top-level modules import each other without cycles."""
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import sys
@@ -25,48 +24,17 @@ def _unit(module: str) -> str | None:
     return parts[1] if len(parts) > 1 and parts[0] == "draftsmith" else None
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def _imports(tree: ast.AST, module: str, is_init: bool):
-    """Every imported draftsmith module name in `tree`: module level and inside functions alike
-    (a lazy import still ties the two layers together); `if TYPE_CHECKING:` blocks never run, so skip them."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            stack.extend(node.orelse)
-            continue
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield alias.name, node.lineno
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = module.split(".")[: len(module.split(".")) - node.level + (1 if is_init else 0)]
-                name = ".".join(base + ([node.module] if node.module else []))
-            else:
-                name = node.module or ""
-            yield name, node.lineno
-            for alias in node.names:  # `from draftsmith import config` imports the module draftsmith.config
-                sub = PKG.parent / (name + "." + alias.name).replace(".", "/")
-                if sub.with_suffix(".py").exists() or sub.is_dir():
-                    yield f"{name}.{alias.name}", node.lineno
-        stack.extend(ast.iter_child_nodes(node))
-
-
 def import_graph() -> dict[str, dict[str, list[str]]]:
     """unit -> {imported unit: ["file:line", ...]}; a unit is a subpackage (heads, eval, ...) or a top-level module."""
     graph: dict[str, dict[str, list[str]]] = {}
+    tool = _graph_tool()
     for file in sorted(PKG.rglob("*.py")):
         rel = file.relative_to(PKG.parent)
         module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
         src = _unit(module)
         if src is None:
             continue
-        for name, line in _imports(ast.parse(file.read_text(), str(file)), module, file.name == "__init__.py"):
+        for name, line in tool.imports(file):  # scripts/import_graph.py reads the imports (lazy ones too)
             dst = _unit(name)
             if dst is not None and dst != src:
                 graph.setdefault(src, {}).setdefault(dst, []).append(f"{rel}:{line}")
