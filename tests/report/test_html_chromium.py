@@ -90,5 +90,7 @@ def test_page_renders_in_headless_chromium(three_results, tmp_path):
     # The page's JavaScript sorts a speed column within hardware, inside each group's own table
     # (mt_bench, then spec_bench): cpu rows first, then the GPU rows.
     sorted_rows = dom_rows(run_chromium(tmp_path, "--dump-dom", url + "#sort=speedup:desc").stdout)
-    stories = [(r.split("|")[6].split(":")[0], cells[10]) for r, cells in sorted_rows if r.startswith("stories260K")]
+    # cells[10] is the engine τ column (no result here ran `eval --engine`), cells[11] the speedup
+    assert {cells[10] for _r, cells in sorted_rows} == {"—"}
+    stories = [(r.split("|")[6].split(":")[0], cells[11]) for r, cells in sorted_rows if r.startswith("stories260K")]
     assert stories == [("cpu", "1.10×"), ("cuda", "1.90×"), ("cpu", "1.30×"), ("cuda", "2.50×")]
