@@ -85,7 +85,10 @@ class VLLMLayout(Layout):
     serve_fields: dict = {}  # more --speculative-config fields (P-EAGLE: parallel_drafting)
 
     def default_k(self, drafter) -> int:
-        raise NotImplementedError
+        """K when --num-speculative-tokens is not given: the option that bounds it (layouts without one override)."""
+        if self.limit_option is None:
+            raise NotImplementedError
+        return getattr(drafter.cfg, self.limit_option)
 
     def check_k(self, drafter, k: int) -> None:
         """vLLM builds K = num_speculative_tokens heads / stages / depths: more than were trained would
@@ -241,9 +244,6 @@ class MedusaLayout(VLLMLayout):
     method = "medusa"
     limit_option = "num_heads"
 
-    def default_k(self, drafter) -> int:
-        return drafter.cfg.num_heads
-
     def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:
         files = super().build(loaded, opts, out_dir)
         if is_medusa2(loaded.drafter):
@@ -321,9 +321,6 @@ class MLPSpeculatorLayout(VLLMLayout):
 
     method = "mlp_speculator"
     limit_option = "n_predict"
-
-    def default_k(self, drafter) -> int:
-        return drafter.cfg.n_predict
 
     def files(self, loaded, dtype, k, opts):
         d, target = loaded.drafter, loaded.target

@@ -42,35 +42,8 @@ def import_graph() -> dict[str, dict[str, list[str]]]:
 
 
 def cycles(graph: dict[str, dict[str, list[str]]]) -> list[list[str]]:
-    """Strongly connected components with more than one unit (Tarjan)."""
-    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
-
-    def visit(v):
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in graph.get(v, {}):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(sorted(comp))
-
-    for v in sorted(set(graph) | {w for e in graph.values() for w in e}):
-        if v not in index:
-            visit(v)
-    return out
+    """Strongly connected groups of more than one unit: scripts/import_graph.py's finder (Tarjan)."""
+    return _graph_tool().cycles(graph)
 
 
 def test_cycle_finder_finds_a_cycle():
