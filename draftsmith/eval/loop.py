@@ -241,7 +241,8 @@ class SpeculativeState:
         a = len(verdict.path)
         committed = self._append(tree.tokens[verdict.path].tolist() + [verdict.token])
         rows = keep[n_past:] - n_past  # [a + 1]: the root and the accepted nodes
-        self._record_top2(out.logits[0, rows], committed)
+        if self.top2 is not None:  # only --check-lossless's rerun: the gather copies [a + 1, V] logits
+            self._record_top2(out.logits[0, rows], committed)
         t3 = _clock(dev)
         if depth > 0 and not self.done:  # 5. the target's outputs at the root and the accepted nodes
             self.proposer.commit(self.context, a + 1, TargetOutput(out.logits[:, rows], tuple(h[:, rows] for h in out.hidden_states)))
