@@ -123,6 +123,7 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
 
     trust_remote_code: run the target's custom code (--trust-remote-code); never taken from the checkpoint."""
     from draftsmith.checkpoint import load_drafter, write_dir_atomically
+    from draftsmith.export import engine_versions
     from draftsmith.export.common import EXPORTERS
     from draftsmith.export.support import formats_for
     from draftsmith.export.validate import validate_export
@@ -131,6 +132,7 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
     opts = options or ExportOptions()
     if opts.max_model_len is not None and to != "hf":
         raise ValueError(f"--max-model-len applies to --to hf (a draft LM with a shorter context), not --to {to}")
+    version = engine_versions.resolve(to, opts.engine_version)  # None: a format without a version table
     out = Path(out).resolve()
     source = Path(checkpoint) if isinstance(checkpoint, (str, os.PathLike)) else None
     replacing = check_out_dir(out, source, overwrite)
@@ -141,6 +143,7 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
         fits = formats_for(kind)
         raise ValueError(f"--to {to} does not take {kind} drafters (it takes {list(exporter.kinds)}); "
                          f"formats for {kind}: {fits}")
+    engine_versions.check(to, version, kind)  # e.g. vLLM 0.33 serves no Medusa: refused before any file is built
     recommended = None
     if profile_text is not None:
         profile = json.loads(profile_text)
@@ -153,8 +156,10 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
 
     def fill(tmp: Path) -> None:
         files = exporter.build(loaded, opts, out)
-        serve.append(exporter.serve_command(out, loaded, opts))
+        serve.append(engine_versions.serve_command(to, version, kind, exporter.serve_command(out, loaded, opts)))
         files.sidecar["serve_command"] = serve[0]
+        if version is not None:
+            files.sidecar["engine_version"] = version  # the release the export was checked against
         if profile_text is not None:  # copied beside the weights; the sidecar says what it recommends
             files.extra[PROFILE_FILE] = profile_text
             files.sidecar["speedup_profile"] = {

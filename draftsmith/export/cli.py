@@ -25,6 +25,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--verifier", default=None, help="the verifier as the engine loads it (default: recipe target.path)")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="hf: a draft LM with fewer positions than the target is served with requests limited to this")
+    parser.add_argument("--engine-version", default=None,
+                        help="vllm: 0.9.2, 0.20.0, 0.27.0 or 0.33.0; sglang: 0.5.23 (default: the newest): the release "
+                             "the export and its serve command are checked against (export/engine_versions.py)")
     parser.add_argument("--no-validate", action="store_true", help="skip the validation gate (not recommended)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a previous draftsmith export in --out (only the files an export writes)")
@@ -38,6 +41,10 @@ def main(args) -> int:
     from draftsmith.export.api import export
 
     if args.to == "llama.cpp":
+        if args.engine_version:
+            print("draftsmith export: --engine-version applies to --to vllm and --to sglang, not --to llama.cpp "
+                  "(the llama.cpp export is checked by loading it in the pinned llama-server)", file=sys.stderr)
+            return 2
         from draftsmith.export.llamacpp import main as llamacpp_main
 
         return llamacpp_main(args)
@@ -46,7 +53,7 @@ def main(args) -> int:
         return 2
 
     opts = ExportOptions(dtype=args.dtype, num_speculative_tokens=args.num_speculative_tokens, verifier=args.verifier,
-                         max_model_len=args.max_model_len)
+                         max_model_len=args.max_model_len, engine_version=args.engine_version)
     try:
         result = export(args.checkpoint, args.to, args.out, opts, validate=not args.no_validate,
                         overwrite=args.overwrite, trust_remote_code=args.trust_remote_code)

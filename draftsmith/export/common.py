@@ -40,6 +40,9 @@ class ExportOptions:
     # hf only: serve with requests limited to this many tokens (--max-model-len), for a draft LM whose
     # max_position_embeddings is below the target's; None: the draft must cover the target's context.
     max_model_len: int | None = None
+    # The engine release to serve with (--engine-version, e.g. vLLM 0.27.0); None: the newest release whose
+    # loaders draftsmith has read (export/engine_versions.py). The gate refuses a kind that release cannot serve.
+    engine_version: str | None = None
 
 
 @dataclass

@@ -19,4 +19,11 @@ def refusals(config, kind: str, fmt: str | None = None) -> list[str]:
     reasons = heads.refusals(config, kind)
     if reasons or fmt is None:
         return reasons
-    return EXPORTERS.get(fmt)().layout(kind).refusals(config)
+    from draftsmith.export import engine_versions
+
+    reasons = EXPORTERS.get(fmt)().layout(kind).refusals(config)
+    try:  # the newest engine release read (the export's default --engine-version) must serve the kind
+        engine_versions.check(fmt, engine_versions.resolve(fmt, None), kind)
+    except ValueError as exc:
+        reasons.append(str(exc))
+    return reasons

@@ -2,7 +2,8 @@
 Uncertainty"): autoregression at the feature level.
 
 Architecture (tensor names follow the EAGLE repository / vLLM's EAGLE-1 loader):
-  fc         [2h -> h], with bias   fuses [embedding(x_{j+1}) ; feature f_j]
+  fc         [2h -> h], with bias unless drafter.fc_bias=false (vLLM's EAGLE-1 builds fc without one)
+             fuses [embedding(x_{j+1}) ; feature f_j]
   layers.0   one Llama decoder layer (draft_layer.DraftDecoderLayer, input size h) without an input
              norm: attention reads fc's output, and the residual is fc's output
   embed_tokens, lm_head   the target's frozen embedding and lm_head (shared, never trained, not in
@@ -36,7 +37,9 @@ from draftsmith.heads.shared import Frozen
 class Eagle1Drafter(Drafter):
     kind = "eagle1"
     uses_draft_rope = True
-    tiny_options = {}
+    tiny_options = {"fc_bias": False}  # the matrix exports it to vLLM too, whose fc has no bias
+    # vLLM (model_executor/models/llama_eagle.py) and SGLang (srt/models/llama_eagle.py): export/eagle1.py
+    export_layouts = {"vllm": "eagle1", "sglang": "eagle1"}
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "last_hidden_state", "target_logits"})
 
     @dataclass
@@ -52,6 +55,9 @@ class Eagle1Drafter(Drafter):
         num_heads: Optional[int] = None
         num_kv_heads: Optional[int] = None
         intermediate_size: Optional[int] = None
+        # fc's bias. vLLM's EAGLE-1 (model_executor/models/llama_eagle.py, 0.9.2 to 0.33) builds fc without a
+        # bias, so a drafter meant for vLLM trains with false; SGLang's fc has one (its export writes zeros then).
+        fc_bias: bool = True
 
         def problems(self) -> list[str]:
             """Ranges `config.load` and `draftsmith validate` report (one message per bad option)."""
@@ -67,7 +73,7 @@ class Eagle1Drafter(Drafter):
         h = layer_config.hidden_size
         self.cfg = cfg
         self.layer_config = layer_config
-        self.fc = nn.Linear(2 * h, h, bias=True)
+        self.fc = nn.Linear(2 * h, h, bias=cfg.fc_bias)
         self.layers = nn.ModuleList([DraftDecoderLayer(layer_config, input_size=h)])
         self.rotary = rotary(layer_config)
         self.embed_tokens = Frozen(embed_tokens)  # the target's frozen modules: not parameters, not in state_dict

@@ -30,6 +30,13 @@ CASES = {
         "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
         "num_key_value_heads": 2, "max_position_embeddings": 256}}),
 }
+# The vLLM release each case is exported for (export/engine_versions.py): vLLM 0.33 serves neither Medusa nor
+# the MLP speculator; 0.27 serves Medusa; only 0.9.2 (V0) still serves the MLP speculator.
+VERSION = {"medusa": "0.27.0", "medusa2": "0.27.0", "mlp": "0.9.2", "mlp_tied": "0.9.2"}
+
+
+def opts(case: str, **kwargs) -> ExportOptions:
+    return ExportOptions(engine_version=VERSION.get(case), **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +52,7 @@ def ckpts(tmp_path_factory):
 def exported(ckpts, tmp_path_factory):
     root = tmp_path_factory.mktemp("exports")
     fmt = {"draft_lm": "hf"}
-    return {name: export(ckpts[name][0], fmt.get(name, "vllm"), root / name, loaded=ckpts[name][1])
+    return {name: export(ckpts[name][0], fmt.get(name, "vllm"), root / name, opts(name), loaded=ckpts[name][1])
             for name in ("medusa", "medusa2", "mlp", "mlp_tied", "draft_lm")}
 
 
@@ -81,7 +88,7 @@ def test_medusa_next_token_head_is_refused(tmp_path):
     head 0 predicts the target's own next token (drafter.next_token_head) would be served shifted."""
     path = make_checkpoint(tmp_path, "medusa", {"num_heads": 3, "num_layers": 1, "next_token_head": True})
     with pytest.raises(ValueError, match="next_token_head"):
-        export(path, "vllm", tmp_path / "out")
+        export(path, "vllm", tmp_path / "out", opts("medusa"))
     assert not (tmp_path / "out" / "model.safetensors").exists()
 
 
@@ -167,9 +174,9 @@ def test_mlp_speculator_config_tensors_and_round_trip(exported, ckpts, case):
 def test_more_tokens_than_heads_is_refused(ckpts, tmp_path, case, most):
     path, loaded = ckpts[case]
     with pytest.raises(ValueError, match=f"--num-speculative-tokens 4 exceeds .* = {most}"):
-        export(path, "vllm", tmp_path / "k", ExportOptions(num_speculative_tokens=4), loaded=loaded)
+        export(path, "vllm", tmp_path / "k", opts(case, num_speculative_tokens=4), loaded=loaded)
     assert not (tmp_path / "k").exists()
-    fewer = export(path, "vllm", tmp_path / "k2", ExportOptions(num_speculative_tokens=2), loaded=loaded)
+    fewer = export(path, "vllm", tmp_path / "k2", opts(case, num_speculative_tokens=2), loaded=loaded)
     assert fewer.report["round_trip"] == "3 contexts x 2 tokens identical"
 
 

@@ -1,0 +1,164 @@
+"""Which engine release serves which drafter kind: one table, each row naming the engine file (inside that
+release's wheel) the fact was read from. `draftsmith export --engine-version V` checks the kind against the
+row of V (default: the newest release read), refuses what that release cannot serve in one line that says
+why and which release does serve it, and records the version in draftsmith.json.
+
+Read from the wheels vllm-0.9.2, vllm-0.20.0, vllm-0.27.0, vllm-0.33.0 and sglang-0.5.23 (paths below are
+inside the package). Facts that decide the rows:
+  - vLLM 0.33 has no "medusa" and no "mlp_speculator" in config/speculative.py's SpeculativeMethod, and its
+    wheel has no model_executor/models/medusa.py or mlp_speculator.py.
+  - Every V1 vLLM (0.20, 0.27, 0.33 here) comments MLPSpeculatorPreTrainedModel out of
+    model_executor/models/registry.py ("Temporarily disabled ... once the MLP Speculator is supported in V1").
+    vLLM 0.9.2 still registers it and serves it through V0 (spec_decode/mlp_speculator_worker.py); its
+    engine/arg_utils.py falls back to V0 for the method unless VLLM_USE_V1=1. vLLM 0.10.0 removed V0
+    speculative decoding (vllm-project/vllm#21152), so 0.9.2 is the last release that serves it.
+  - Medusa: model_executor/models/medusa.py reads the same names and fields in 0.9.2, 0.20 and 0.27
+    (0.27 only adds a remap of FasterDecoding's old key names).
+  - The speculators formats (EAGLE-3, DFlash, DSpark, P-EAGLE) are read by
+    transformers_utils/configs/speculators/algos.py: 0.20 registers eagle3 and dflash; 0.27 and 0.33 add
+    peagle and dspark; 0.9.2 has no speculators reader.
+  - EAGLE-1: model_executor/models/llama_eagle.py (EagleLlamaForCausalLM) in every release read.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Serving:
+    """Whether one engine release serves one drafter kind's export, and where that was read."""
+
+    served: bool
+    source: str  # the engine file(s) the fact was read from, inside that release's wheel
+    why: str = ""  # a refusal: what the release lacks
+    env: str = ""  # an environment setting the serve command needs (vLLM 0.9.2's V0 engine)
+    note: str = ""  # said when a refusal points at this release
+
+
+def _yes(source: str, env: str = "", note: str = "") -> Serving:
+    return Serving(True, source, env=env, note=note)
+
+
+def _no(source: str, why: str) -> Serving:
+    return Serving(False, source, why=why)
+
+
+_SPECULATORS = "transformers_utils/configs/speculators/algos.py"
+_NO_SPECULATORS = _no("transformers_utils/configs/ (no speculators/ reader)",
+                      "this release reads no speculators-format config")
+_V1_NO_MLP = _no("model_executor/models/registry.py",
+                 "MLPSpeculatorPreTrainedModel is commented out of the registry (\"Temporarily disabled ... once "
+                 "the MLP Speculator is supported in V1\")")
+_LLAMA_EAGLE = "model_executor/models/llama_eagle.py (EagleLlamaForCausalLM), transformers_utils/configs/eagle.py"
+
+# (engine, version) -> {kind: Serving}; versions of one engine in ascending order.
+SERVING: dict[tuple[str, str], dict[str, Serving]] = {
+    ("vllm", "0.9.2"): {
+        "eagle3": _NO_SPECULATORS, "dflash": _NO_SPECULATORS, "dspark": _NO_SPECULATORS, "peagle": _NO_SPECULATORS,
+        "eagle1": _yes(_LLAMA_EAGLE),
+        "medusa": _yes("model_executor/models/medusa.py, model_executor/models/registry.py (MedusaModel)"),
+        "mlp_speculator": _yes("model_executor/models/mlp_speculator.py, spec_decode/mlp_speculator_worker.py (V0), "
+                               "engine/arg_utils.py (_raise_or_fallback: V0 unless VLLM_USE_V1=1)",
+                               env="VLLM_USE_V1=0",
+                               note="the last release with V0 speculative decoding, which vLLM 0.10.0 removed "
+                                    "(vllm-project/vllm#21152); serve with VLLM_USE_V1=0"),
+    },
+    ("vllm", "0.20.0"): {
+        "eagle3": _yes(f"{_SPECULATORS} (update_eagle3)"),
+        "dflash": _yes(f"{_SPECULATORS} (update_dflash), model_executor/models/qwen3_dflash.py"),
+        "dspark": _no(_SPECULATORS, "its speculators reader registers eagle3 and dflash only (no dspark)"),
+        "peagle": _no(_SPECULATORS, "its speculators reader registers eagle3 and dflash only (no peagle)"),
+        "eagle1": _yes(_LLAMA_EAGLE),
+        "medusa": _yes("config/speculative.py (SpeculativeMethod \"medusa\"), model_executor/models/medusa.py"),
+        "mlp_speculator": _V1_NO_MLP,
+    },
+    ("vllm", "0.27.0"): {
+        "eagle3": _yes(f"{_SPECULATORS} (update_eagle3)"),
+        "dflash": _yes(f"{_SPECULATORS} (update_dflash), model_executor/models/qwen3_dflash.py"),
+        "dspark": _yes(f"{_SPECULATORS} (update_dspark), model_executor/models/qwen3_dspark.py"),
+        "peagle": _yes(f"{_SPECULATORS} (update_peagle), config/speculative.py (parallel_drafting)"),
+        "eagle1": _yes(_LLAMA_EAGLE),
+        "medusa": _yes("config/speculative.py (SpeculativeMethod \"medusa\"), model_executor/models/medusa.py"),
+        "mlp_speculator": _V1_NO_MLP,
+    },
+    ("vllm", "0.33.0"): {
+        "eagle3": _yes(f"{_SPECULATORS} (update_eagle3)"),
+        "dflash": _yes(f"{_SPECULATORS} (update_dflash), model_executor/models/qwen3_dflash.py"),
+        "dspark": _yes(f"{_SPECULATORS} (update_dspark), model_executor/models/qwen3_dspark.py"),
+        "peagle": _yes(f"{_SPECULATORS} (update_peagle), config/speculative.py (parallel_drafting)"),
+        "eagle1": _yes(_LLAMA_EAGLE),
+        "medusa": _no("config/speculative.py (SpeculativeMethod)",
+                      "\"medusa\" is not a speculative method there and the wheel has no model_executor/models/medusa.py"),
+        "mlp_speculator": _no("config/speculative.py (SpeculativeMethod)",
+                              "\"mlp_speculator\" is not a speculative method there and the wheel has no "
+                              "model_executor/models/mlp_speculator.py"),
+    },
+    ("sglang", "0.5.23"): {
+        "eagle3": _yes("srt/models/llama_eagle3.py (LlamaForCausalLMEagle3)"),
+        "eagle1": _yes("srt/models/llama_eagle.py (LlamaForCausalLMEagle), srt/speculative/eagle_worker_v2.py "
+                       "(set_embed_and_head: the target's embedding and lm_head)"),
+    },
+}
+
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+
+
+def versions(engine: str) -> list[str]:
+    """The releases of `engine` whose files the table was read from, oldest first ([] for other formats)."""
+    return [v for (e, v) in SERVING if e == engine]
+
+
+def resolve(fmt: str, version: str | None) -> str | None:
+    """The release the export is checked against: `version` normalised (0.33, v0.33.0 -> 0.33.0), or the newest
+    read when None; None for a format the table does not cover (a version given for one raises)."""
+    known = versions(fmt)
+    if version is None:
+        return known[-1] if known else None
+    if not known:
+        covered = ", ".join(f"--to {e}" for e in ENGINE_NAMES)
+        raise ValueError(f"--engine-version applies to {covered}, not --to {fmt}; drop it")
+    wanted = version.strip().removeprefix("v")
+    for v in known:
+        if wanted in (v, v.removesuffix(".0")):
+            return v
+    raise ValueError(f"--engine-version {version}: draftsmith has read {ENGINE_NAMES[fmt]}'s loaders of "
+                     f"{', '.join(known)} only; pass one of them (the newest is the default)")
+
+
+def serving(fmt: str, version: str, kind: str) -> Serving:
+    row = SERVING[(fmt, version)].get(kind)
+    if row is None:
+        return _no("(not read)", f"draftsmith has not checked {kind} exports against this release")
+    return row
+
+
+def releases_serving(fmt: str, kind: str) -> list[str]:
+    return [v for v in versions(fmt) if serving(fmt, v, kind).served]
+
+
+def check(fmt: str, version: str | None, kind: str) -> None:
+    """Raise a one-line ValueError when release `version` of the engine cannot serve `kind` exports."""
+    if version is None:
+        return
+    row = serving(fmt, version, kind)
+    if row.served:
+        return
+    engine = ENGINE_NAMES[fmt]
+    others = releases_serving(fmt, kind)
+    if others:
+        best = serving(fmt, others[-1], kind)
+        note = f" ({best.note})" if best.note else ""
+        fix = f"{engine} {others[-1]}{note} serves this export: pass --engine-version {others[-1]}"
+    else:
+        fix = f"no {engine} release draftsmith has read serves it: export another kind"
+    raise ValueError(f"--to {fmt} --engine-version {version}: {engine} {version} cannot serve a {kind} drafter "
+                     f"(read from its {row.source}): {row.why}; {fix}")
+
+
+def serve_command(fmt: str, version: str | None, kind: str, command: str) -> str:
+    """The layout's serve command with the environment the release needs (vLLM 0.9.2: VLLM_USE_V1=0)."""
+    env = serving(fmt, version, kind).env if version is not None else ""
+    if not env:
+        return command
+    launcher = "vllm serve " if fmt == "vllm" else ""
+    return command.replace(launcher, f"{env} {launcher}", 1) if launcher in command else f"{env} {command}"
