@@ -124,8 +124,10 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
     trust_remote_code: run the target's custom code (--trust-remote-code); never taken from the checkpoint."""
     from draftsmith.checkpoint import load_drafter, write_dir_atomically
     from draftsmith.export.common import EXPORTERS
+    from draftsmith.export.engine_gaps import engine_gap
     from draftsmith.export.support import formats_for
     from draftsmith.export.validate import validate_export
+    from draftsmith.export.vllm_parallel import check_dspark_options
 
     exporter = EXPORTERS.get(to)()
     opts = options or ExportOptions()
@@ -139,8 +141,9 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
     kind = loaded.drafter.kind
     if kind not in exporter.kinds:
         fits = formats_for(kind)
-        raise ValueError(f"--to {to} does not take {kind} drafters (it takes {list(exporter.kinds)}); "
-                         f"formats for {kind}: {fits}")
+        raise ValueError(engine_gap(to, kind, fits) or f"--to {to} does not take {kind} drafters (it takes "
+                         f"{list(exporter.kinds)}); formats for {kind}: {fits}")
+    check_dspark_options(to, kind, opts)
     recommended = None
     if profile_text is not None:
         profile = json.loads(profile_text)

@@ -25,6 +25,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--verifier", default=None, help="the verifier as the engine loads it (default: recipe target.path)")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="hf: a draft LM with fewer positions than the target is served with requests limited to this")
+    parser.add_argument("--no-adaptive-verification", action="store_true",
+                        help="vllm dspark: serve with a fixed K instead of vLLM's adaptive verification (which the "
+                             "trained confidence head drives; vLLM >= 0.28)")
+    parser.add_argument("--dspark-draft-topk", type=int, default=None,
+                        help="vllm dspark: vLLM's dspark_draft_topk (Markov bias on the top-k base logits only)")
     parser.add_argument("--no-validate", action="store_true", help="skip the validation gate (not recommended)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a previous draftsmith export in --out (only the files an export writes)")
@@ -46,7 +51,8 @@ def main(args) -> int:
         return 2
 
     opts = ExportOptions(dtype=args.dtype, num_speculative_tokens=args.num_speculative_tokens, verifier=args.verifier,
-                         max_model_len=args.max_model_len)
+                         max_model_len=args.max_model_len, adaptive_verification=not args.no_adaptive_verification,
+                         dspark_draft_topk=args.dspark_draft_topk)
     try:
         result = export(args.checkpoint, args.to, args.out, opts, validate=not args.no_validate,
                         overwrite=args.overwrite, trust_remote_code=args.trust_remote_code)

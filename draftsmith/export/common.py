@@ -40,6 +40,12 @@ class ExportOptions:
     # hf only: serve with requests limited to this many tokens (--max-model-len), for a draft LM whose
     # max_position_embeddings is below the target's; None: the draft must cover the target's context.
     max_model_len: int | None = None
+    # vllm dspark only: serve with vLLM's adaptive verification (enable_adaptive_verification, vLLM >= 0.28), the
+    # feature that makes the trained confidence head set each round's verify length; False: fixed K (--no-adaptive-verification).
+    adaptive_verification: bool = True
+    # vllm dspark only: vLLM's dspark_draft_topk (>= 0.28): the Markov bias is added to the top-k base logits only
+    # (faster, may change drafts, never the output); None: the full projection, as draftsmith trains and evaluates.
+    dspark_draft_topk: int | None = None
 
 
 @dataclass
