@@ -177,3 +177,31 @@ def test_trtllm_block_drafters_are_refused_in_one_line(ckpts, tmp_path, name, la
     message = str(err.value)
     assert "\n" not in message and f"TensorRT-LLM's {label} drafter" in message
     assert "1.3.0rc / 1.4.0rc pre-releases" in message and "--to sglang or --to vllm" in message
+
+
+def test_cli_flags_reach_the_dspark_serve_command(ckpts, tmp_path, capsys):
+    from draftsmith.cli import main
+
+    path = str(ckpts["dspark_dv"][0])
+    assert main(["export", path, "--to", "vllm", "--out", str(tmp_path / "a"), "--no-adaptive-verification",
+                 "--dspark-draft-topk", "8"]) == 0
+    out = capsys.readouterr().out
+    assert '"dspark_draft_topk": 8' in out and "enable_adaptive_verification" not in out
+    assert main(["export", path, "--to", "vllm", "--out", str(tmp_path / "b"), "--dspark-draft-topk", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--dspark-draft-topk 0" in err
+    assert not (tmp_path / "b").exists()
+
+
+def test_speculators_config_keeps_the_confidence_head(ckpts, tmp_path):
+    """speculators 0.9.0's DSparkSpeculatorConfig (models/dspark/config.py), the config vLLM's speculators path
+    follows, reads the export with its confidence head on and sized [h + r -> 1]."""
+    from test_speculators_load import speculators
+
+    spec = speculators()
+    path, loaded = ckpts["dspark_dv"]
+    out = export(path, "vllm", tmp_path / "s", loaded=loaded).out_dir
+    config = spec.SpeculatorModelConfig.from_pretrained(str(out))
+    assert type(config).__name__ == "DSparkSpeculatorConfig"
+    assert config.enable_confidence_head is True and config.confidence_head_with_markov is True
+    assert config.markov_rank == loaded.drafter.cfg.markov_rank
