@@ -7,7 +7,7 @@
 EXPORTERS maps a format name (vllm, sglang, trtllm, hf) to its Exporter (one file each); each format
 registers one layout per kind under `layouts(format)` (a kind's class names its layout per format).
 """
-from draftsmith.export import eagle1, hf, sglang, trtllm, vllm, vllm_parallel  # noqa: F401  (register the formats and layouts)
+from draftsmith.export import eagle1, hf, sglang, sglang_block, trtllm, vllm, vllm_parallel  # noqa: F401  (register the formats and layouts)
 from draftsmith.export.api import ExportResult, export  # noqa: F401
 from draftsmith.export.common import EXPORTERS  # noqa: F401
 from draftsmith.export.support import formats_for, refusals  # noqa: F401

@@ -125,8 +125,10 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
     from draftsmith.checkpoint import load_drafter, write_dir_atomically
     from draftsmith.export import engine_versions
     from draftsmith.export.common import EXPORTERS
+    from draftsmith.export.engine_gaps import engine_gap
     from draftsmith.export.support import formats_for
     from draftsmith.export.validate import validate_export
+    from draftsmith.export.vllm_parallel import check_dspark_options
 
     exporter = EXPORTERS.get(to)()
     opts = options or ExportOptions()
@@ -141,9 +143,10 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
     kind = loaded.drafter.kind
     if kind not in exporter.kinds:
         fits = formats_for(kind)
-        raise ValueError(f"--to {to} does not take {kind} drafters (it takes {list(exporter.kinds)}); "
-                         f"formats for {kind}: {fits}")
+        raise ValueError(engine_gap(to, kind, fits) or f"--to {to} does not take {kind} drafters (it takes "
+                         f"{list(exporter.kinds)}); formats for {kind}: {fits}")
     engine_versions.check(to, version, kind)  # e.g. vLLM 0.33 serves no Medusa: refused before any file is built
+    check_dspark_options(to, kind, opts)
     recommended = None
     if profile_text is not None:
         profile = json.loads(profile_text)

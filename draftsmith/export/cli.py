@@ -28,6 +28,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--engine-version", default=None,
                         help="vllm: 0.9.2, 0.20.0, 0.27.0 or 0.33.0; sglang: 0.5.23 (default: the newest): the release "
                              "the export and its serve command are checked against (export/engine_versions.py)")
+    parser.add_argument("--no-adaptive-verification", action="store_true",
+                        help="vllm dspark: serve with a fixed K instead of vLLM's adaptive verification (which the "
+                             "trained confidence head drives; vLLM >= 0.28)")
+    parser.add_argument("--dspark-draft-topk", type=int, default=None,
+                        help="vllm dspark: vLLM's dspark_draft_topk (Markov bias on the top-k base logits only)")
     parser.add_argument("--no-validate", action="store_true", help="skip the validation gate (not recommended)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a previous draftsmith export in --out (only the files an export writes)")
@@ -53,7 +58,9 @@ def main(args) -> int:
         return 2
 
     opts = ExportOptions(dtype=args.dtype, num_speculative_tokens=args.num_speculative_tokens, verifier=args.verifier,
-                         max_model_len=args.max_model_len, engine_version=args.engine_version)
+                         max_model_len=args.max_model_len, engine_version=args.engine_version,
+                         adaptive_verification=not args.no_adaptive_verification,
+                         dspark_draft_topk=args.dspark_draft_topk)
     try:
         result = export(args.checkpoint, args.to, args.out, opts, validate=not args.no_validate,
                         overwrite=args.overwrite, trust_remote_code=args.trust_remote_code)

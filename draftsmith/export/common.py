@@ -43,6 +43,12 @@ class ExportOptions:
     # The engine release to serve with (--engine-version, e.g. vLLM 0.27.0); None: the newest release whose
     # loaders draftsmith has read (export/engine_versions.py). The gate refuses a kind that release cannot serve.
     engine_version: str | None = None
+    # vllm dspark only: serve with vLLM's adaptive verification (enable_adaptive_verification, vLLM >= 0.28), the
+    # feature that makes the trained confidence head set each round's verify length; False: fixed K (--no-adaptive-verification).
+    adaptive_verification: bool = True
+    # vllm dspark only: vLLM's dspark_draft_topk (>= 0.28): the Markov bias is added to the top-k base logits only
+    # (faster, may change drafts, never the output); None: the full projection, as draftsmith trains and evaluates.
+    dspark_draft_topk: int | None = None
 
 
 @dataclass

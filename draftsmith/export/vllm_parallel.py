@@ -195,11 +195,62 @@ class BlockLayout(VLLMLayout):
         return load_plain(drafter_weights(tensors, loaded), loaded, str(export_dir))
 
 
+# vLLM's DSpark serving options, read from vLLM 0.33.0 (config/speculative.py; both fields exist since 0.28.0, and
+# 0.27's SpeculativeConfig, which forbids unknown keys, rejects them; 0.20 has no DSpark):
+#   enable_adaptive_verification (default false): v1/worker/gpu/spec_decode/dspark/speculator.py computes the
+#     confidences only when it is on AND the loader kept the head: model_executor/models/qwen3_dspark.py builds
+#     confidence_head.proj only when the config says enable_confidence_head (input [hidden ; markov_w1[prev]] when
+#     confidence_head_with_markov) and drops it WITHOUT a word when the checkpoint has no confidence_head.* tensor.
+#     v1/worker/gpu/spec_decode/adaptive_verification.py then admits draft slots by the running product of the
+#     per-position confidences, the survival product draftsmith's own eval cuts on (drafter.confidence_threshold is
+#     draftsmith's rule; vLLM's budget comes from that product and its measured draft / verify cost).
+#   dspark_draft_topk (default None; 1 <= k <= draft vocabulary; Qwen3DSparkModel, which speculators' DSpark maps to):
+#     the Markov bias is added to the top-k base logits only; drafts may change, the output cannot.
+DSPARK_SERVING_SINCE = "0.28.0"
+
+
+def dspark_serve_fields(drafter, opts) -> dict:
+    """The --speculative-config fields of a DSpark export beyond model / K / method (see above)."""
+    fields = {"enable_adaptive_verification": True} if opts.adaptive_verification else {}
+    k, dv = opts.dspark_draft_topk, int(drafter.d2t.shape[0])
+    if k is not None:
+        if not 1 <= k <= dv:
+            raise ValueError(f"--dspark-draft-topk {k}: vLLM's config/speculative.py needs 1 <= k <= the draft "
+                             f"vocabulary ({dv}); pass a k in that range or leave it unset (the full Markov projection)")
+        fields["dspark_draft_topk"] = k
+    return fields
+
+
+def check_dspark_options(fmt: str, kind: str, opts) -> None:
+    """--no-adaptive-verification and --dspark-draft-topk apply to vLLM DSpark exports only: refuse them elsewhere."""
+    if fmt == "vllm" and kind == "dspark":
+        return
+    for flag, given in (("--no-adaptive-verification", not opts.adaptive_verification),
+                        ("--dspark-draft-topk", opts.dspark_draft_topk is not None)):
+        if given:
+            raise ValueError(f"{flag} applies to --to vllm exports of dspark drafters (vLLM's DSpark speculative-config "
+                             f"fields), not to --to {fmt} {kind}: drop the flag")
+
+
 @layouts("vllm").register("dspark")
 class DSparkLayout(BlockLayout):
-    """DSpark: the block layout plus its Markov head and confidence head (speculators' DSparkSpeculator)."""
+    """DSpark: the block layout plus its Markov head and confidence head (speculators' DSparkSpeculator); served with
+    vLLM's adaptive verification unless --no-adaptive-verification (see dspark_serve_fields)."""
 
     arch = "DSparkSpeculator"
+
+    def build(self, loaded, opts, out_dir: Path):
+        files = super().build(loaded, opts, out_dir)
+        fields = dspark_serve_fields(loaded.drafter, opts)
+        files.sidecar["vllm_dspark_serving"] = {**fields, "needs_vllm": f">= {DSPARK_SERVING_SINCE}" if fields else None}
+        return files
+
+    def serve_command(self, out_dir: Path, loaded, opts) -> str:
+        self.serve_fields = dspark_serve_fields(loaded.drafter, opts)
+        command = super().serve_command(out_dir, loaded, opts)
+        if self.serve_fields:
+            command = f"# vLLM >= {DSPARK_SERVING_SINCE} (0.27 rejects these speculative-config fields)\n{command}"
+        return command
 
     def extra_config(self, drafter) -> dict:
         return {"markov_rank": drafter.cfg.markov_rank, "markov_head_type": "vanilla", "enable_confidence_head": True,
@@ -219,6 +270,25 @@ class DSparkLayout(BlockLayout):
                      "confidence_head.proj.weight": TensorSpec((1, h + r), dtype),
                      "confidence_head.proj.bias": TensorSpec((1,), dtype)})
         return spec
+
+    def check_format(self, export_dir: Path, config: dict, tensors: dict, loaded) -> list[str]:
+        return super().check_format(export_dir, config, tensors, loaded) + dspark_head_problems(config, tensors,
+                                                                                                 loaded.drafter)
+
+
+def dspark_head_problems(config: dict, tensors: dict, drafter) -> list[str]:
+    """What vLLM's qwen3_dspark.py reads of the two heads: a config that drops the confidence head or sizes either
+    head otherwise than trained, or head tensors that are not the trained ones."""
+    want = {"enable_confidence_head": True, "confidence_head_with_markov": True, "markov_head_type": "vanilla",
+            "markov_rank": drafter.cfg.markov_rank}
+    problems = [f"config.json: {key} is {config.get(key)!r}, must be {value!r} (vLLM's qwen3_dspark.py builds the "
+                "heads from it; without enable_confidence_head it drops the trained confidence head silently)"
+                for key, value in want.items() if config.get(key) != value]
+    trained = drafter.state_dict()
+    for name in ("confidence_head.proj.weight", "confidence_head.proj.bias", "markov_head.markov_w2.weight"):
+        if name in tensors and not torch.equal(tensors[name], trained[name].detach().cpu().to(tensors[name].dtype)):
+            problems.append(f"model.safetensors: {name} differs from the trained drafter's")
+    return problems
 
 
 # --------------------------------------------------------------------------- P-EAGLE
