@@ -44,6 +44,7 @@ SPEC_TYPES = {"eagle3": "draft-eagle3", "draft_lm": "draft-simple", "dflash": "d
 DRAFT_FILES = {"eagle3": "draft-eagle3.gguf", "draft_lm": "draft-lm.gguf", "dflash": "draft-dflash.gguf",
                "dspark": "draft-dspark.gguf"}
 FEATURE_KINDS = ("eagle3", *BLOCK_KINDS)  # drafters fed by the target's layer inputs (t_layer_inp)
+KIND_NAMES = {"eagle3": "EAGLE-3", "dflash": "DFlash", "dspark": "DSpark"}
 NOT_SERVED = {
     "medusa": "llama.cpp has no Medusa heads (its --spec-type values: draft-simple, draft-eagle3, draft-dflash, "
               "draft-dspark, draft-mtp, ngram-*)",
@@ -80,7 +81,7 @@ def refusal(loaded) -> str | None:
         return None
     model_type = str(getattr(loaded.target.config, "model_type", "?"))
     if model_type not in FEATURE_CAPTURE:
-        return (f"--to llama.cpp: the target's model_type {model_type!r} has no {kind} feature capture in llama.cpp "
+        return (f"--to llama.cpp: the target's model_type {model_type!r} has no {KIND_NAMES[kind]} feature capture in llama.cpp "
                 f"(its {model_type} graph stores no layer inputs; it does for {', '.join(FEATURE_CAPTURE[:4])}, ...); "
                 "serve a draft LM with draft-simple instead, or export --to vllm")
     if kind in BLOCK_KINDS:
