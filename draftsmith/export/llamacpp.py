@@ -183,10 +183,10 @@ def export_llamacpp(checkpoint, out, target_gguf=None, k: int | None = None, val
     given_target = Path(target_gguf).resolve() if target_gguf else None
     if given_target is not None and not given_target.is_file():
         raise UserError(f"--target-gguf {target_gguf}: no such file; give the target's GGUF or omit the flag to convert it")
-    tools = find_llama_cpp()
     kind = loaded.drafter.kind
     spec_type, k = SPEC_TYPES[kind], int(k or default_k(loaded.drafter))
     check_k(loaded.drafter, k)
+    tools = find_llama_cpp()
     target_dir = target_dir_of(loaded)
     draft_name = DRAFT_FILES[kind]
     target_path = given_target or out / target_file_name(target_dir)

@@ -109,3 +109,16 @@ def test_engine_parity_runs_dspark_at_llamacpps_rule(capsys):
     assert apply_engine_rules(dspark) == {"confidence_threshold": {"trained": 0.3, "compared": 0.0}}
     assert dspark.cfg.confidence_threshold == 0.0 and "confidence_threshold=0.0" in capsys.readouterr().out
     assert apply_engine_rules(block_loaded("dflash").drafter) == {}
+
+
+def test_export_cli_refuses_a_partial_block_in_one_line_before_writing(tmp_path, capsys):
+    from draftsmith.cli import main
+    from tests.export.conftest import make_checkpoint
+
+    ckpt = make_checkpoint(tmp_path, "dflash", {"block_size": 6, "num_layers": 1, "num_anchors": 4})
+    capsys.readouterr()  # the tiny target's save_pretrained progress
+    code = main(["export", str(ckpt), "--to", "llama.cpp", "--out", str(tmp_path / "gguf"),
+                 "--num-speculative-tokens", "3"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "pass 5" in err[0] and "blocks of 6" in err[0], err
+    assert not (tmp_path / "gguf").exists()
