@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +32,15 @@ def tools():
         pytest.skip(f"llama.cpp is not installed: {exc}")
 
 
+@pytest.fixture(scope="module")
+def target_gguf(tools, tmp_path_factory):
+    """pycode-tiny's GGUF, converted once for both kinds (each export then takes --target-gguf)."""
+    from draftsmith.export.llamacpp_tools import convert
+    from draftsmith.target import resolve_path
+
+    return convert(tools, Path(resolve_path("builtin:pycode-tiny")), tmp_path_factory.mktemp("t") / "target.gguf")
+
+
 def train_tiny(kind: str, out) -> str:
     from draftsmith import config
     from draftsmith.train.loop import train
@@ -43,7 +53,7 @@ def train_tiny(kind: str, out) -> str:
 
 
 @pytest.mark.parametrize("kind", ["dflash", "dspark"])
-def test_block_drafter_train_export_serve_round_trip(kind, tools, tmp_path, capsys):
+def test_block_drafter_train_export_serve_round_trip(kind, tools, target_gguf, tmp_path, capsys):
     from gguf import GGUFReader
 
     from draftsmith.checkpoint import load_drafter
@@ -54,7 +64,8 @@ def test_block_drafter_train_export_serve_round_trip(kind, tools, tmp_path, caps
     drafter = load_drafter(ckpt, device="cpu").drafter
     k = block_drafts(drafter)
     out = tmp_path / "gguf"
-    assert main(["export", str(ckpt), "--to", "llama.cpp", "--out", str(out), "--num-speculative-tokens", str(k)]) == 0
+    assert main(["export", str(ckpt), "--to", "llama.cpp", "--out", str(out), "--num-speculative-tokens", str(k),
+                 "--target-gguf", str(target_gguf)]) == 0
     side = json.loads((out / "draftsmith.json").read_text())
     assert side["check"]["loaded"] and side["check"]["draft_n"] > 0  # llama-server loaded both and drafted
     assert side["spec_type"] == f"draft-{kind}" and side["draft"] == f"draft-{kind}.gguf"
