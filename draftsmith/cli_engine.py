@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from draftsmith.eval.engine import TOLERANCE, compare_workload, draftsmith_side, engine_request, gguf_problems
+from draftsmith.export.llamacpp_block import BLOCK_KINDS, ENGINE_DRAFTER_OPTIONS, gguf_block_problems
 from draftsmith.report.parity import parity_lines
 
 
@@ -33,6 +34,20 @@ def engine_side(tools, files: dict, prompts: list, k: int, max_new_tokens: int, 
                 reply = engine_request(srv.complete(prompt, max_new_tokens), len(prompt))
                 (spec if srv is spec_srv else base).append(reply)
     return spec, base
+
+
+def apply_engine_rules(drafter) -> dict:
+    """Set the drafter options under which draftsmith's loop applies the rule llama.cpp applies
+    (llamacpp_block.ENGINE_DRAFTER_OPTIONS: DSpark's whole block, as --spec-draft-p-min 0); what changed."""
+    changed = {}
+    for option, value in ENGINE_DRAFTER_OPTIONS.get(drafter.kind, {}).items():
+        before = getattr(drafter.cfg, option)
+        if before != value:
+            setattr(drafter.cfg, option, value)
+            changed[option] = {"trained": before, "compared": value}
+            print(f"[eval --engine llama.cpp] draftsmith's side runs drafter.{option}={value} (trained {before}): "
+                  f"llama.cpp's {drafter.kind} with --spec-draft-p-min 0 sends every slot of the block", flush=True)
+    return changed
 
 
 # ---------------------------------------------------------------- `draftsmith eval CKPT --engine llama.cpp`
@@ -82,7 +97,7 @@ def main(args) -> int:
     from draftsmith.checkpoint import load_drafter
     from draftsmith.errors import UserError
     from draftsmith.eval import proposers, results, workloads
-    from draftsmith.export.llamacpp import refusal
+    from draftsmith.export.llamacpp import check_k, refusal
     from draftsmith.export.llamacpp_tools import find_llama_cpp
 
     check_engine_args(args)
@@ -90,8 +105,10 @@ def main(args) -> int:
     why = refusal(loaded)
     if why:
         raise UserError(why.replace("--to llama.cpp", "--engine llama.cpp"))
+    check_k(loaded.drafter, args.k)
     tools = find_llama_cpp()
     target, drafter = loaded.target, loaded.drafter
+    applied = apply_engine_rules(drafter)
     recipe = workloads.checkpoint_recipe(args.path)
     prompt_format = args.prompt_format
     if prompt_format == "auto":
@@ -105,6 +122,8 @@ def main(args) -> int:
     with tempfile.TemporaryDirectory(prefix="draftsmith-engine-") as work:
         files = engine_files(args, loaded, Path(work))
         problems = gguf_problems(Path(files["draft"]), drafter)
+        if drafter.kind in BLOCK_KINDS:
+            problems += gguf_block_problems(Path(files["draft"]), drafter)
         for name in names:
             items = workloads.load(name, args.data_dir, args.num_prompts or None)
             encoded = [workloads.encode(item, target.tokenizer, prompt_format, max_prompt) for item in items]
@@ -134,7 +153,7 @@ def main(args) -> int:
               "engine": {"name": "llama.cpp", "version": tools.version(), "server": str(tools.server),
                          "spec_type": files["spec_type"], "threads": args.engine_threads,
                          "draft_gguf": files["draft"], "target_gguf": files["target"],
-                         "gguf_problems": problems}}
+                         "gguf_problems": problems, "draftsmith_drafter_options": applied}}
     identity = {"kind": drafter.kind, "name": Path(args.path).resolve().parent.name, "path": str(args.path),
                 "fingerprint": results.module_fingerprint(drafter, drafter.state_dict_for_export()),
                 "num_params": sum(t.numel() for t in drafter.state_dict_for_export().values()),

@@ -5,6 +5,9 @@ written by llama.cpp's own converter, then loaded by llama-server for one reques
     DIR/draft-eagle3.gguf              EAGLE-3: the speculators-format export (--to vllm) converted with
                                        convert_hf_to_gguf.py --target-model-dir TARGET (arch "eagle3")
     DIR/draft-lm.gguf                  draft LM: the --to hf directory converted as an ordinary model
+    DIR/draft-dflash.gguf              DFlash: z-lab's DFlashDraftModel layout, converted with --target-model-dir
+    DIR/draft-dspark.gguf              DSpark: speculators' DSparkSpeculator layout, the same way (both arch
+                                       "dflash"; export/llamacpp_block.py has the layouts and the graph)
     DIR/target-<name>-f32.gguf         the target, converted by the same converter (unless --target-gguf)
     DIR/draftsmith.json                what is which, the serve command, the llama.cpp version, the check
       llama-server -m DIR/target-<name>-f32.gguf -md DIR/draft-eagle3.gguf --spec-type draft-eagle3 --spec-draft-n-max K
@@ -17,9 +20,10 @@ What llama.cpp reads (and so what is refused here, in one line each):
            no per-layer fc_norm, no norm_output; SiLU MLP; d2t offsets as in draftsmith. The
            target graph must capture layer inputs (t_layer_inp, set in src/models/<arch>.cpp).
   draft LM draft-simple: any llama.cpp graph, vocabulary compatible with the target's.
-  Not served: DFlash / DSpark (llama.cpp's converter reads z-lab's DFlashDraftModel and the Qwen3 /
-           Gemma-4 DSpark layouts with its dflash_config, not the speculators DFlash layout
-           draftsmith writes), Medusa, the MLP speculator, P-EAGLE, EAGLE-1 (no such --spec-type).
+  DFlash / DSpark  draft-dflash / draft-dspark: the same feature capture as EAGLE-3 (t_layer_inp), SiLU,
+           plain rope, k = one whole block; DFlash with a full vocabulary (z-lab's layout has no d2t),
+           DSpark with the target's lm_head when the vocabulary is full (export/llamacpp_block.py).
+  Not served: Medusa, the MLP speculator, P-EAGLE, EAGLE-1 (no such --spec-type).
 """
 from __future__ import annotations
 
@@ -33,10 +37,14 @@ from pathlib import Path
 
 from draftsmith import __version__
 from draftsmith.errors import UserError
+from draftsmith.export.llamacpp_block import BLOCK_KINDS, block_drafts, block_refusal, check_block_k, write_block_dir
 
 FORMAT = "llama.cpp"
-SPEC_TYPES = {"eagle3": "draft-eagle3", "draft_lm": "draft-simple"}
-DRAFT_FILES = {"eagle3": "draft-eagle3.gguf", "draft_lm": "draft-lm.gguf"}
+SPEC_TYPES = {"eagle3": "draft-eagle3", "draft_lm": "draft-simple", "dflash": "draft-dflash", "dspark": "draft-dspark"}
+DRAFT_FILES = {"eagle3": "draft-eagle3.gguf", "draft_lm": "draft-lm.gguf", "dflash": "draft-dflash.gguf",
+               "dspark": "draft-dspark.gguf"}
+FEATURE_KINDS = ("eagle3", *BLOCK_KINDS)  # drafters fed by the target's layer inputs (t_layer_inp)
+KIND_NAMES = {"eagle3": "EAGLE-3", "dflash": "DFlash", "dspark": "DSpark"}
 NOT_SERVED = {
     "medusa": "llama.cpp has no Medusa heads (its --spec-type values: draft-simple, draft-eagle3, draft-dflash, "
               "draft-dspark, draft-mtp, ngram-*)",
@@ -44,10 +52,6 @@ NOT_SERVED = {
                       "draft-dflash, draft-dspark, draft-mtp, ngram-*)",
     "peagle": "llama.cpp has no parallel EAGLE (P-EAGLE) drafting; its draft-eagle3 drafts one token per step",
     "eagle1": "llama.cpp serves EAGLE-3 (three fused target layers), not EAGLE-1",
-    "dflash": "llama.cpp's converter reads z-lab's DFlashDraftModel layout (dflash_config, output-of-layer ids), "
-              "not the speculators DFlash layout draftsmith writes; serve it with --to vllm",
-    "dspark": "llama.cpp's DSpark converter (conversion/qwen.py) reads the Qwen3/Gemma-4 DSpark layouts with a "
-              "dflash_config, not the speculators layout draftsmith writes; serve it with --to vllm",
 }
 # HF model_type of targets whose llama.cpp graph stores layer inputs for EAGLE-3 (t_layer_inp in
 # src/models/{llama,qwen3,qwen3moe,qwen3next,qwen35,qwen35moe,gemma4,openai-moe,deepseek4}.cpp).
@@ -73,13 +77,15 @@ def refusal(loaded) -> str | None:
         return f"--to llama.cpp does not take {kind} drafters: {NOT_SERVED[kind]}"
     if kind not in SPEC_TYPES:
         return f"--to llama.cpp does not take {kind} drafters (it takes {sorted(SPEC_TYPES)})"
-    if kind != "eagle3":
+    if kind not in FEATURE_KINDS:
         return None
     model_type = str(getattr(loaded.target.config, "model_type", "?"))
     if model_type not in FEATURE_CAPTURE:
-        return (f"--to llama.cpp: the target's model_type {model_type!r} has no EAGLE-3 feature capture in llama.cpp "
+        return (f"--to llama.cpp: the target's model_type {model_type!r} has no {KIND_NAMES[kind]} feature capture in llama.cpp "
                 f"(its {model_type} graph stores no layer inputs; it does for {', '.join(FEATURE_CAPTURE[:4])}, ...); "
                 "serve a draft LM with draft-simple instead, or export --to vllm")
+    if kind in BLOCK_KINDS:
+        return block_refusal(loaded)
     aux = list(loaded.drafter.aux_layer_ids)
     if len(aux) != 3:
         return (f"--to llama.cpp: drafter.aux_layer_ids {aux} has {len(aux)} ids; llama.cpp's draft-eagle3 reads exactly "
@@ -112,12 +118,37 @@ def target_file_name(target_dir: Path) -> str:
 
 
 def serve_command(tools, target: Path, draft: Path, spec_type: str, k: int) -> str:
+    # draft-dspark: p-min 0 sends the whole block (llama.cpp's per-slot confidence cut is not draftsmith's rule)
+    p_min = " --spec-draft-p-min 0" if spec_type == "draft-dspark" else ""
     return (f"{shlex.quote(str(tools.server))} -m {shlex.quote(str(target))} -md {shlex.quote(str(draft))} "
-            f"--spec-type {spec_type} --spec-draft-n-max {k} --host 127.0.0.1 --port 8080")
+            f"--spec-type {spec_type} --spec-draft-n-max {k}{p_min} --host 127.0.0.1 --port 8080")
 
 
 def default_k(drafter) -> int:
+    if drafter.kind in BLOCK_KINDS:
+        return block_drafts(drafter)
     return int(getattr(drafter.cfg, "ttt_steps", 0) or 5)
+
+
+def check_k(drafter, k: int) -> None:
+    """UserError when llama.cpp would not run `k` drafts per round as draftsmith trained them."""
+    if k < 1:
+        raise UserError(f"--num-speculative-tokens {k}: must be >= 1")
+    if drafter.kind in BLOCK_KINDS:
+        check_block_k(drafter, k)
+
+
+def write_draft_dir(checkpoint, loaded, kind: str, hf_dir: Path, k: int) -> None:
+    """The directory llama.cpp's converter reads: speculators EAGLE-3 (--to vllm), the HF draft LM (--to hf),
+    or the block drafters' layouts (llamacpp_block.py)."""
+    from draftsmith.export.api import export
+    from draftsmith.export.common import ExportOptions
+
+    if kind in BLOCK_KINDS:
+        write_block_dir(loaded, hf_dir)
+    else:
+        export(checkpoint, "vllm" if kind == "eagle3" else "hf", hf_dir, ExportOptions(num_speculative_tokens=k),
+               loaded=loaded)
 
 
 def check_with_server(tools, target: Path, draft: Path, spec_type: str, k: int, vocab_size: int) -> dict:
@@ -139,8 +170,7 @@ def export_llamacpp(checkpoint, out, target_gguf=None, k: int | None = None, val
                     overwrite: bool = False, loaded=None) -> LlamaCppExport:
     """Write the GGUF files llama.cpp serves for `checkpoint` into `out` (atomically), checked in llama-server."""
     from draftsmith.checkpoint import load_drafter, write_dir_atomically
-    from draftsmith.export.api import check_out_dir, export, replace_export_files, written_files
-    from draftsmith.export.common import ExportOptions
+    from draftsmith.export.api import check_out_dir, replace_export_files, written_files
     from draftsmith.export.llamacpp_tools import convert, find_llama_cpp
 
     out = Path(out).resolve()
@@ -153,11 +183,10 @@ def export_llamacpp(checkpoint, out, target_gguf=None, k: int | None = None, val
     given_target = Path(target_gguf).resolve() if target_gguf else None
     if given_target is not None and not given_target.is_file():
         raise UserError(f"--target-gguf {target_gguf}: no such file; give the target's GGUF or omit the flag to convert it")
-    tools = find_llama_cpp()
     kind = loaded.drafter.kind
     spec_type, k = SPEC_TYPES[kind], int(k or default_k(loaded.drafter))
-    if k < 1:
-        raise UserError(f"--num-speculative-tokens {k}: must be >= 1")
+    check_k(loaded.drafter, k)
+    tools = find_llama_cpp()
     target_dir = target_dir_of(loaded)
     draft_name = DRAFT_FILES[kind]
     target_path = given_target or out / target_file_name(target_dir)
@@ -165,10 +194,9 @@ def export_llamacpp(checkpoint, out, target_gguf=None, k: int | None = None, val
 
     def fill(tmp: Path) -> None:
         with tempfile.TemporaryDirectory(prefix="draftsmith-llamacpp-") as work:
-            hf_dir = Path(work) / "hf"  # the speculators (EAGLE-3) or HF (draft LM) directory the converter reads
-            export(checkpoint, "vllm" if kind == "eagle3" else "hf", hf_dir, ExportOptions(num_speculative_tokens=k),
-                   loaded=loaded)
-            convert(tools, hf_dir, tmp / draft_name, target_dir=target_dir if kind == "eagle3" else None)
+            hf_dir = Path(work) / "hf"  # the directory llama.cpp's converter reads
+            write_draft_dir(checkpoint, loaded, kind, hf_dir, k)
+            convert(tools, hf_dir, tmp / draft_name, target_dir=target_dir if kind in FEATURE_KINDS else None)
         if given_target is None:
             convert(tools, target_dir, tmp / target_path.name)
         if validate:  # the files as written, before they reach `out`

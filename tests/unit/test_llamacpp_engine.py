@@ -24,7 +24,7 @@ def fake_loaded(kind="eagle3", model_type="llama", aux=(1, 2, 4), act="silu", **
 
 # ---------------------------------------------------------------- refusals
 
-@pytest.mark.parametrize("kind", ["medusa", "mlp_speculator", "peagle", "eagle1", "dflash", "dspark"])
+@pytest.mark.parametrize("kind", ["medusa", "mlp_speculator", "peagle", "eagle1"])
 def test_kinds_llamacpp_does_not_serve_are_refused_with_the_reason(kind):
     why = llamacpp.refusal(fake_loaded(kind))
     assert why is not None and why.startswith(f"--to llama.cpp does not take {kind} drafters: ")

@@ -1,0 +1,158 @@
+"""DFlash and DSpark for llama.cpp: the HF directory its own converter reads, and what it cannot serve.
+
+llama.cpp (the llama-cpp-python 0.3.36 sdist's vendor/llama.cpp) builds both block drafters as one graph,
+arch "dflash" (src/models/dflash.cpp), from two converter classes (conversion/qwen.py):
+
+  DFlash  z-lab's `DFlashDraftModel` (class DFlashModel, a Qwen3Model): a Qwen3 config at the top level
+          (hidden_size, num_hidden_layers = draft layers, heads, head_dim, rms_norm_eps, rope_theta, ...)
+          plus dflash_config {mask_token_id, target_layer_ids, block_size}. target_layer_ids count
+          OUTPUTS of target layers: GGUF target_layers = id + 1 = the INPUT of layer id + 1
+          (t_layer_inp), so draftsmith's aux id i (hidden_states[i], the input of layer i) is written
+          as i - 1. No d2t: the draft vocabulary is the target's. Tensors fc, hidden_norm,
+          layers.{i}.*, norm, lm_head (all kept, "model." prefixed by the converter).
+  DSpark  speculators' `DSparkSpeculator` (class DSparkModel): transformer_layer_config merged into
+          the top level, aux_hidden_state_layer_ids (same convention as draftsmith), mask_token_id,
+          sample_from_anchor, draft_vocab_size; d2t as offsets (the converter adds arange), t2d
+          dropped, markov_head.markov_w{1,2}, confidence_head.proj; a full-vocabulary lm_head is
+          DROPPED: the graph then projects with the target's output tensor (ctx_other).
+
+The graph, against draftsmith's BlockDrafting (heads/dflash.py), term by term:
+  context  fc -> RMSNorm (hidden_norm = enc output norm); per layer k_norm(k_proj(ctx)) roped at the
+           committed positions, v_proj(ctx): injected into the draft KV cache   == context_kv
+  block    [id_last, MASK...] at pos0.., token embedding of the TARGET (no embed_tokens in the
+           draft), per layer: attn_norm, q/k/v, q_norm / k_norm, NeoX rope (HF rotate_half),
+           non-causal attention over cache + block, scale 1/sqrt(head_dim), + residual, ffn_norm,
+           SiLU MLP, + residual; final norm; lm_head (d2t scatter)                == block_hidden
+  DSpark   Markov bias W2 W1[prev] per slot, prev = the anchor, then the argmax of the previous biased
+           slot; confidence sigmoid(proj [final hidden ; W1[prev]])              == DSparkDrafter.heads
+  loop     (common/speculative.cpp draft-dflash / draft-dspark) ONE decode of n_max + 1 (DFlash) or
+           n_max (DSpark, sample_from_anchor) tokens per round; the whole draft is verified;
+           features of every committed position but the newest are in the draft cache (rejected
+           ones removed by server-context.cpp's seq_rm)                          == BlockProposer
+  Differences (refused or handled): a k other than one whole block (the block is n_max + 1 tokens
+  long, a shorter one than trained changes every draft); DSpark's confidence cut: llama.cpp stops at
+  the first slot whose own confidence < --spec-draft-p-min and does not send it, draftsmith where the
+  running product drops below drafter.confidence_threshold and sends that slot; the export serves
+  with --spec-draft-p-min 0 (the whole block), and `eval --engine` runs draftsmith's side at
+  confidence_threshold 0 to compare the same rule.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+BLOCK_KINDS = ("dflash", "dspark")
+# eval --engine: drafter options draftsmith's side runs with to apply the rule llama.cpp applies
+ENGINE_DRAFTER_OPTIONS = {"dspark": {"confidence_threshold": 0.0}}
+
+
+def block_drafts(drafter) -> int:
+    """Tokens one block proposes: block_size - 1 (DFlash: slot 0 is the anchor), block_size (DSpark)."""
+    return drafter.block_size - (0 if getattr(drafter, "sample_from_anchor", False) else 1)
+
+
+def full_vocab(drafter) -> bool:
+    return drafter.d2t.shape[0] == drafter.t2d.shape[0]
+
+
+def block_refusal(loaded) -> str | None:
+    """Why llama.cpp's dflash graph cannot run this trained block drafter exactly (one line), or None."""
+    from draftsmith.export.common import target_rope
+
+    d, kind = loaded.drafter, loaded.drafter.kind
+    act = getattr(d.layer_config, "hidden_act", "silu")
+    if act != "silu":
+        return f"--to llama.cpp: the {kind} layer's hidden_act {act!r} is not SiLU, which llama.cpp's converter writes for it"
+    rope = target_rope(loaded.target.config)
+    if rope.get("rope_type", "default") != "default":
+        return (f"--to llama.cpp: the target's rope_type {rope.get('rope_type')!r}: llama.cpp's {kind} converter (a Qwen3 "
+                "model) writes plain rope only, the drafter was trained with the scaled one; export --to vllm")
+    if kind == "dflash" and not full_vocab(d):
+        return (f"--to llama.cpp: this DFlash drafter has a reduced draft vocabulary ({d.d2t.shape[0]} of "
+                f"{d.t2d.shape[0]}); llama.cpp's DFlash converter (z-lab DFlashDraftModel) has no d2t; retrain with "
+                "drafter.draft_vocab_size unset, or export --to vllm")
+    if kind == "dspark" and full_vocab(d) and d.cfg.train_lm_head:
+        return ("--to llama.cpp: this DSpark drafter trained its lm_head (drafter.train_lm_head=true) over the full "
+                "vocabulary; llama.cpp's DSpark converter drops a full-vocabulary lm_head and projects with the "
+                "target's; retrain with train_lm_head false or a draft_vocab_size, or export --to vllm")
+    return None
+
+
+def qwen3_fields(loaded) -> dict:
+    """The draft layers' Qwen3 config (llama.cpp's converter reads them as a Qwen3 model)."""
+    from draftsmith.export.common import llama_fields
+
+    d = loaded.drafter
+    fields = llama_fields(d.layer_config, loaded.target.config, torch.float32)
+    fields.update({"model_type": "qwen3", "num_hidden_layers": len(d.layers), "use_sliding_window": False})
+    return fields
+
+
+def block_config(loaded) -> dict:
+    """config.json in the layout llama.cpp's converter class for this kind reads (module doc)."""
+    d = loaded.drafter
+    layer = qwen3_fields(loaded)
+    if d.kind == "dflash":
+        return {**layer, "architectures": ["DFlashDraftModel"], "block_size": d.block_size,
+                "dflash_config": {"mask_token_id": int(d.mask_token_id), "block_size": d.block_size,
+                                  "target_layer_ids": [int(i) - 1 for i in d.aux_layer_ids]}}
+    return {"architectures": ["DSparkSpeculator"], "speculators_model_type": "dspark",
+            "draft_vocab_size": int(d.d2t.shape[0]), "block_size": d.block_size,
+            "target_hidden_size": int(loaded.target.hidden_size),
+            "aux_hidden_state_layer_ids": [int(i) for i in d.aux_layer_ids], "mask_token_id": int(d.mask_token_id),
+            "sample_from_anchor": True, "markov_rank": int(d.cfg.markov_rank), "markov_head_type": "vanilla",
+            "transformer_layer_config": layer, "torch_dtype": "float32"}
+
+
+def block_tensors(loaded) -> dict[str, torch.Tensor]:
+    """The drafter's own tensors in float32 (no embedding: llama.cpp takes the target's token embedding);
+    d2t / t2d only with a reduced draft vocabulary."""
+    d = loaded.drafter
+    tensors = {k: (v.float() if v.is_floating_point() else v).detach().cpu().contiguous()
+               for k, v in d.state_dict_for_export().items()}
+    if full_vocab(d):
+        tensors.pop("d2t", None), tensors.pop("t2d", None)
+    return tensors
+
+
+def write_block_dir(loaded, out: Path) -> Path:
+    """The HF directory llama.cpp's convert_hf_to_gguf.py turns into the draft GGUF (with --target-model-dir)."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(block_config(loaded), indent=2) + "\n")
+    save_file(block_tensors(loaded), str(out / "model.safetensors"))
+    return out
+
+
+def check_block_k(drafter, k: int) -> None:
+    """llama.cpp decodes a block of k + 1 (DFlash) / k (DSpark) tokens: only one whole trained block is exact."""
+    from draftsmith.errors import UserError
+
+    most = block_drafts(drafter)
+    if k != most:
+        raise UserError(f"--num-speculative-tokens {k}: llama.cpp's draft-{drafter.kind} decodes a block of "
+                         f"{k + (0 if drafter.kind == 'dspark' else 1)} tokens for it, this {drafter.kind} was trained on "
+                         f"blocks of {drafter.block_size} (it drafts {most}); pass {most} (--k {most} for eval)")
+
+
+def gguf_block_problems(draft_gguf: Path, drafter) -> list[str]:
+    """The draft GGUF's dflash metadata against the trained drafter (via the gguf package)."""
+    from gguf import GGUFReader
+
+    fields = {name: f.contents() for name, f in GGUFReader(str(draft_gguf)).fields.items()}
+    problems = []
+    layers = fields.get("dflash.target_layers")
+    if layers is None or list(layers) != list(drafter.aux_layer_ids):
+        problems.append(f"aux ids: the draft GGUF extracts target layers {layers}, the drafter was trained on "
+                        f"{list(drafter.aux_layer_ids)}")
+    if fields.get("dflash.block_size") != drafter.block_size:
+        problems.append(f"block size: the draft GGUF has {fields.get('dflash.block_size')}, the drafter {drafter.block_size}")
+    mask = fields.get("tokenizer.ggml.mask_token_id")
+    if mask != drafter.mask_token_id:
+        problems.append(f"mask token: the draft GGUF has {mask}, the drafter {drafter.mask_token_id}")
+    if fields.get("dflash.attention.causal") is True:
+        problems.append("attention: the draft GGUF runs the block causally, the drafter was trained bidirectionally")
+    return problems
