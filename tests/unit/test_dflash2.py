@@ -211,6 +211,18 @@ def test_greedy_decoding_is_lossless(k):
     assert spec.tokens == base.tokens and max(r.proposed for r in spec.rounds) == k
 
 
+def test_bad_options_name_the_option_and_the_fix():
+    from draftsmith import config
+
+    with pytest.raises(config.ConfigError, match="drafter.conv_kernel_size 7: at most block_size"):
+        config.from_dict({"drafter": {"kind": "dflash2", "block_size": 6, "conv_kernel_size": 7}})
+    target = tiny_target(num_layers=4, hidden=32, seed=0)
+    with pytest.raises(ValueError, match="drafter.conv_group_size 12: must divide the target's hidden size 32"):
+        DFlash2Drafter.from_target(DFlash2Drafter.Config(conv_group_size=12), target)
+    with pytest.raises(ValueError, match="drafter.selector_top_k 200: at most the draft vocabulary"):
+        DFlash2Drafter.from_target(DFlash2Drafter.Config(draft_vocab_size=100, selector_top_k=200), target)
+
+
 # --------------------------------------------------------------------------- export
 @pytest.mark.parametrize("fmt,pr", [("vllm", "vllm-project/vllm#52816"), ("sglang", "sgl-project/sglang#35371")])
 def test_engine_formats_refuse_in_one_line_naming_the_pr(fmt, pr):
@@ -218,3 +230,14 @@ def test_engine_formats_refuse_in_one_line_naming_the_pr(fmt, pr):
         EXPORTERS.get(fmt)().layout("dflash2")
     msg = str(err.value)
     assert pr in msg and "\n" not in msg and msg.startswith(f"--to {fmt} does not take dflash2 drafters: ")
+
+
+def test_llama_cpp_refuses_in_one_line_naming_the_pr():
+    from types import SimpleNamespace
+
+    from draftsmith.export import llamacpp
+
+    _, d = make()
+    why = llamacpp.refusal(SimpleNamespace(drafter=d, target=None))
+    assert why.startswith("--to llama.cpp does not take dflash2 drafters: ") and "ggml-org/llama.cpp#27342" in why
+    assert "\n" not in why
