@@ -150,9 +150,9 @@ class DFlash2Drafter(BlockDrafting, Drafter):
         "llama.cpp": "llama.cpp serves DFlash 2 through ggml-org/llama.cpp#27342 (conversion/qwen.py reads z-lab's "
                      "DFlash2DraftModel config with a nested dflash_config), a format draftsmith does not write yet",
         "vllm": "vLLM serves DFlash 2 through vllm-project/vllm#52816 (architecture DFlash2DraftModel, z-lab's nested "
-                "dflash_config), a format draftsmith does not write yet; export the backbone as kind dflash instead",
+                "dflash_config), a format draftsmith does not write yet",
         "sglang": "SGLang serves DFlash 2 through sgl-project/sglang#35371 (z-lab's DFlash2DraftModel config), a "
-                  "format draftsmith does not write yet; export the backbone as kind dflash instead",
+                  "format draftsmith does not write yet",
     }
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "aux_hidden_states", "target_logits"})
 

@@ -241,3 +241,16 @@ def test_llama_cpp_refuses_in_one_line_naming_the_pr():
     why = llamacpp.refusal(SimpleNamespace(drafter=d, target=None))
     assert why.startswith("--to llama.cpp does not take dflash2 drafters: ") and "ggml-org/llama.cpp#27342" in why
     assert "\n" not in why
+
+
+@pytest.mark.parametrize("fmt,pr", [("vllm", "vllm-project/vllm#52816"), ("sglang", "sgl-project/sglang#35371")])
+def test_export_command_refuses_in_one_line_and_writes_nothing(fmt, pr, tmp_path):
+    from draftsmith.export.api import export
+    from draftsmith.checkpoint import LoadedDrafter
+
+    target, d = make()
+    loaded = LoadedDrafter(drafter=d, target=target, config=None, meta={})
+    with pytest.raises(ValueError) as err:
+        export(None, fmt, tmp_path / "out", loaded=loaded)
+    assert str(err.value).startswith(f"--to {fmt} does not take dflash2 drafters: ") and pr in str(err.value)
+    assert not (tmp_path / "out").exists()
