@@ -245,8 +245,8 @@ def test_llama_cpp_refuses_in_one_line_naming_the_pr():
 
 @pytest.mark.parametrize("fmt,pr", [("vllm", "vllm-project/vllm#52816"), ("sglang", "sgl-project/sglang#35371")])
 def test_export_command_refuses_in_one_line_and_writes_nothing(fmt, pr, tmp_path):
-    from draftsmith.export.api import export
     from draftsmith.checkpoint import LoadedDrafter
+    from draftsmith.export.api import export
 
     target, d = make()
     loaded = LoadedDrafter(drafter=d, target=target, config=None, meta={})
