@@ -254,3 +254,22 @@ def test_export_command_refuses_in_one_line_and_writes_nothing(fmt, pr, tmp_path
         export(None, fmt, tmp_path / "out", loaded=loaded)
     assert str(err.value).startswith(f"--to {fmt} does not take dflash2 drafters: ") and pr in str(err.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_sampled_first_draft_follows_the_reported_q():
+    """Stochastic verification needs x_1 ~ q_1 exactly: 4,000 draws of slot 1 against the q reported with them."""
+    target, d = make(top_k=4)
+    d.eval()
+    prompt = torch.randint(3, target.vocab_size, (9,), generator=torch.Generator().manual_seed(6))
+    prop = d.make_proposer(target)
+    prop.begin(prompt)
+    prop.commit(prompt, 8, target.forward(prompt[None, :-1]))
+    sampling, g = SamplingParams(temperature=1.5), torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        hidden = prop.block_hidden(prompt)
+        draws = [d.draft_block(hidden, prompt[-1], 1, prop, sampling, g) for _ in range(4000)]
+    q = draws[0].probs[0]
+    assert all(torch.equal(x.probs[0], q) for x in draws[:50])  # one q for slot 1 (its predecessor is the anchor)
+    counts = torch.bincount(torch.cat([x.tokens for x in draws]), minlength=q.shape[0]).float()
+    assert (q > 0.05).sum() >= 2  # a real choice among candidates
+    assert float((counts / counts.sum() - q).abs().sum() / 2) < 0.03  # total variation of 4,000 draws
