@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-KINDS = ["eagle3", "eagle1", "medusa", "mlp_speculator", "draft_lm", "dflash", "dspark", "peagle"]
+KINDS = ["eagle3", "eagle1", "medusa", "mlp_speculator", "draft_lm", "dflash", "dspark", "peagle", "dflash2"]
 EXTRA = {"medusa": ["drafter.num_heads=5"], "mlp_speculator": ["drafter.n_predict=5"]}
 # Options that bring each kind near EAGLE-3's 98,816 trainable parameters (kind_params.py). Medusa
 # cannot keep 5 heads under ~185k (each head has its own 64 x 512 lm_head), so its matched row has 3
@@ -37,6 +37,7 @@ MATCHED = {
     "draft_lm": ["drafter.shrink_layers=1"],                                     # 78,272
     "dspark": ["drafter.markov_rank=8"],                                         # 111,593
     "peagle": ["drafter.train_embedding=false"],                                 # 99,008
+    "dflash2": ["drafter.selector_rank=8"],                                      # 117,152
 }  # eagle3 (98,816) and dflash (103,328) are matched at their defaults
 
 

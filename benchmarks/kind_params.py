@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-KINDS = ["eagle3", "eagle1", "medusa", "mlp_speculator", "draft_lm", "dflash", "dspark", "peagle"]
+KINDS = ["eagle3", "eagle1", "medusa", "mlp_speculator", "draft_lm", "dflash", "dspark", "peagle", "dflash2"]
 
 
 def trainable_params(kind: str, overrides: list[str]) -> int:

@@ -142,6 +142,9 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
     loaded = loaded if loaded is not None else load_drafter(checkpoint, trust_remote_code=trust_remote_code)
     kind = loaded.drafter.kind
     if kind not in exporter.kinds:
+        why = getattr(loaded.drafter, "export_refused", {}).get(to)
+        if why:  # an engine serves the kind in a layout draftsmith does not write yet: say which
+            raise ValueError(f"--to {to} does not take {kind} drafters: {why}")
         fits = formats_for(kind)
         raise ValueError(engine_gap(to, kind, fits) or f"--to {to} does not take {kind} drafters (it takes "
                          f"{list(exporter.kinds)}); formats for {kind}: {fits}")

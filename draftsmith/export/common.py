@@ -146,6 +146,9 @@ class Exporter:
 
         name = DRAFTERS.get(kind).export_layouts.get(self.name)
         if name is None:
+            why = DRAFTERS.get(kind).export_refused.get(self.name)
+            if why:
+                raise ValueError(f"--to {self.name} does not take {kind} drafters: {why}")
             raise ValueError(f"--to {self.name} does not take {kind} drafters (it takes {list(self.kinds)})")
         return layouts(self.name).get(name)(self.name, self.engine)
 

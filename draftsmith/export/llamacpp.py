@@ -73,8 +73,9 @@ class LlamaCppExport:
 def refusal(loaded) -> str | None:
     """Why llama.cpp cannot serve this drafter on this target (one line), or None."""
     kind = loaded.drafter.kind
-    if kind in NOT_SERVED:
-        return f"--to llama.cpp does not take {kind} drafters: {NOT_SERVED[kind]}"
+    why = NOT_SERVED.get(kind) or getattr(loaded.drafter, "export_refused", {}).get(FORMAT)
+    if why:
+        return f"--to llama.cpp does not take {kind} drafters: {why}"
     if kind not in SPEC_TYPES:
         return f"--to llama.cpp does not take {kind} drafters (it takes {sorted(SPEC_TYPES)})"
     if kind not in FEATURE_KINDS:

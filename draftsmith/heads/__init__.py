@@ -2,7 +2,7 @@
 
 Importing this package imports every kind's module, which registers it. `refusals(config, kind)`
 says why a kind cannot serve a target (the kind's class answers; export.refusals adds the formats')."""
-from draftsmith.heads import dflash, draft_lm, dspark, eagle1, eagle3, medusa, mlp_speculator, peagle  # noqa: F401
+from draftsmith.heads import dflash, dflash2, draft_lm, dspark, eagle1, eagle3, medusa, mlp_speculator, peagle  # noqa: F401
 from draftsmith.heads.base import DRAFTERS
 
 

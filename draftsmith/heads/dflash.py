@@ -134,7 +134,7 @@ class BlockDrafting:
         self.mask_token_id = mask_token_id
         self.fc = nn.Linear(len(aux_layer_ids) * h, h, bias=False)
         self.hidden_norm = LlamaRMSNorm(h, eps=layer_config.rms_norm_eps)
-        self.layers = nn.ModuleList([BlockLayer(layer_config) for _ in range(cfg.num_layers)])
+        self.layers = nn.ModuleList([self.make_layer(layer_config) for _ in range(cfg.num_layers)])
         self.norm = LlamaRMSNorm(h, eps=layer_config.rms_norm_eps)
         self.lm_head = nn.Linear(h, draft_vocab_size, bias=False)
         self.lm_head.weight.requires_grad_(cfg.train_lm_head)
@@ -142,6 +142,10 @@ class BlockDrafting:
         self.embed_tokens = Frozen(embed_tokens)  # the target's: not a parameter, not in state_dict
         self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(target_vocab_size, dtype=torch.bool))
+
+    def make_layer(self, layer_config) -> nn.Module:
+        """One draft decoder layer (DFlash 2 wraps its sublayers in dynamic convolutions: heads/dflash2.py)."""
+        return BlockLayer(layer_config)
 
     # ------------------------------------------------------------------ construction
     @classmethod

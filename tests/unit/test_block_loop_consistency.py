@@ -1,4 +1,4 @@
-"""Block drafters (DFlash, DSpark) through the REAL speculative loop: every round's drafts equal what the
+"""Block drafters (DFlash, DSpark, DFlash 2) through the REAL speculative loop: every round's drafts equal what the
 training forward (blocks_hidden, the path forward_loss trains) drafts at that round's anchor, on the
 finished sequence. This pins the anchor position, the context features (target states of positions
 before the anchor, committed in prefill and round pieces), the rope positions of the block, the mask
@@ -11,6 +11,7 @@ import torch
 from draftsmith import features
 from draftsmith.eval.loop import LoopConfig, generate
 from draftsmith.heads.dflash import DFlashDrafter
+from draftsmith.heads.dflash2 import DFlash2Drafter
 from draftsmith.heads.dspark import DSparkDrafter
 from draftsmith.testing import tiny_target
 
@@ -37,6 +38,8 @@ def training_path_drafts(d, batch, anchor: int, n: int) -> list[int]:
     """The first n greedy drafts of the block anchored at `anchor`, from the training forward."""
     hidden = d.blocks_hidden(batch, torch.tensor([[anchor]]))[0, 0]  # [B, h]
     ids = d.draft_ids()
+    if hasattr(d, "candidate_selector"):  # DFlash 2: walk the selector over each slot's unary top-K
+        return selector_walk(d, hidden, batch["input_ids"][0, anchor], n)
     if not d.sample_from_anchor:  # DFlash: slots 1..n predict x_{p+1..p+n}
         return ids[d.lm_head(hidden[1 : 1 + n]).argmax(-1)].tolist()
     out, prev = [], batch["input_ids"][0, anchor].view(1)  # DSpark: slot i, Markov bias of the draft before it
@@ -47,12 +50,26 @@ def training_path_drafts(d, batch, anchor: int, n: int) -> list[int]:
     return out
 
 
+def selector_walk(d, hidden, anchor, n: int) -> list[int]:
+    """Slot i = 1..n: candidates c = top-K of lm_head(h_i); pick argmax_c U_i(c) + <A[prev] * W h_i, B[c]>,
+    prev = the anchor, then the pick before (written out from the selector's weights)."""
+    sel, ids, out, prev = d.candidate_selector, d.draft_ids(), [], int(anchor)
+    for i in range(1, n + 1):
+        unary = d.lm_head(hidden[i])
+        cands = unary.topk(d.cfg.selector_top_k).indices
+        ctx = sel.predecessor_codebook[prev] * (sel.hidden_projection.weight @ hidden[i])
+        scores = unary[cands] + sel.successor_codebook[cands] @ ctx
+        prev = int(ids[cands[scores.argmax()]])
+        out.append(prev)
+    return out
+
+
 def as_batch(target, d, seq):
     return features.complete(target, {"input_ids": seq, "attention_mask": torch.ones_like(seq),
                                       "loss_mask": torch.ones_like(seq)}, set(d.required_features), d.feature_layers())
 
 
-@pytest.mark.parametrize("cls", [DFlashDrafter, DSparkDrafter], ids=["dflash", "dspark"])
+@pytest.mark.parametrize("cls", [DFlashDrafter, DSparkDrafter, DFlash2Drafter], ids=["dflash", "dspark", "dflash2"])
 def test_loop_drafts_equal_training_forward_at_every_round(cls):
     target = tiny_target(num_layers=4, hidden=32, seed=0)
     prompt = torch.randint(3, target.vocab_size, (7,), generator=torch.Generator().manual_seed(11))

@@ -60,7 +60,8 @@ def test_validate_reports_ranges(tmp_path, capsys):
 # One out-of-range option per drafter kind; each kind's Config reports its own ranges.
 BAD_OPTIONS = {"eagle3": ("step_decay", 0.0), "eagle1": ("noise_range", -0.1), "medusa": ("lora_dropout", 1.0),
                "mlp_speculator": ("n_predict", 0), "draft_lm": ("shrink_layers", 0), "dflash": ("block_size", 1),
-               "dspark": ("confidence_threshold", 1.0), "peagle": ("down_sample_ratio", 0.0)}
+               "dspark": ("confidence_threshold", 1.0), "peagle": ("down_sample_ratio", 0.0),
+               "dflash2": ("selector_top_k", 0)}
 
 
 def test_every_drafter_kind_has_a_range_case():
