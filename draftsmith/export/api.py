@@ -128,7 +128,7 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
     from draftsmith.export.engine_gaps import engine_gap
     from draftsmith.export.support import formats_for
     from draftsmith.export.validate import validate_export
-    from draftsmith.export.vllm_parallel import check_dspark_options
+    from draftsmith.export.vllm_parallel import check_dspark_options, dspark_options_for_release
 
     exporter = EXPORTERS.get(to)()
     opts = options or ExportOptions()
@@ -150,6 +150,7 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
                          f"{list(exporter.kinds)}); formats for {kind}: {fits}")
     engine_versions.check(to, version, kind)  # e.g. vLLM 0.33 serves no Medusa: refused before any file is built
     check_dspark_options(to, kind, opts)
+    opts = dspark_options_for_release(to, kind, opts, version)  # vLLM 0.27: no adaptive-verification fields
     recommended = None
     if profile_text is not None:
         profile = json.loads(profile_text)

@@ -97,6 +97,8 @@ SERVING: dict[tuple[str, str], dict[str, Serving]] = {
         "eagle3": _yes("srt/models/llama_eagle3.py (LlamaForCausalLMEagle3)"),
         "eagle1": _yes("srt/models/llama_eagle.py (LlamaForCausalLMEagle), srt/speculative/eagle_worker_v2.py "
                        "(set_embed_and_head: the target's embedding and lm_head)"),
+        "dflash": _yes("srt/models/dflash.py (DFlashDraftModel), srt/speculative/dflash_utils.py"),
+        "dspark": _yes("srt/models/dspark.py (Qwen3DSparkModel)"),
     },
 }
 

@@ -25,6 +25,8 @@ Read from speculators 0.9.0 (models/dflash/config.py, core.py; models/dspark/con
 """
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 import torch
@@ -230,6 +232,19 @@ def check_dspark_options(fmt: str, kind: str, opts) -> None:
         if given:
             raise ValueError(f"{flag} applies to --to vllm exports of dspark drafters (vLLM's DSpark speculative-config "
                              f"fields), not to --to {fmt} {kind}: drop the flag")
+
+
+def dspark_options_for_release(fmt: str, kind: str, opts, version: str | None):
+    """`opts` for the vLLM release the export is checked against: below DSPARK_SERVING_SINCE (0.27 rejects the
+    adaptive-verification fields) the serve command is the fixed-K one; --dspark-draft-topk is refused there."""
+    if fmt != "vllm" or kind != "dspark" or version is None:
+        return opts
+    if tuple(map(int, version.split("."))) >= tuple(map(int, DSPARK_SERVING_SINCE.split("."))):
+        return opts
+    if opts.dspark_draft_topk is not None:
+        raise ValueError(f"--dspark-draft-topk: vLLM {version}'s config/speculative.py has no dspark_draft_topk (it "
+                         f"exists since {DSPARK_SERVING_SINCE}); drop the flag or pass --engine-version 0.33.0")
+    return dataclasses.replace(opts, adaptive_verification=False)
 
 
 @layouts("vllm").register("dspark")

@@ -70,6 +70,19 @@ def test_vllm_dspark_serves_with_adaptive_verification(ckpts, tmp_path):
     assert speculative_config(topk.serve_command)["dspark_draft_topk"] == 16
 
 
+def test_vllm_0_27_dspark_gets_the_fixed_k_command(ckpts, tmp_path):
+    """vLLM 0.27's SpeculativeConfig forbids unknown keys: the adaptive-verification fields (>= 0.28) would make
+    the printed command fail there, so --engine-version 0.27 prints the fixed-K one and refuses a draft top-k."""
+    path, loaded = ckpts["dspark_dv"]
+    old = export(path, "vllm", tmp_path / "old", ExportOptions(engine_version="0.27"), loaded=loaded)
+    spec = speculative_config(old.serve_command)
+    assert spec["method"] == "dspark" and "enable_adaptive_verification" not in spec
+    assert not old.serve_command.startswith("#")
+    with pytest.raises(ValueError, match="--dspark-draft-topk: vLLM 0.27.0"):
+        export(path, "vllm", tmp_path / "topk", ExportOptions(engine_version="0.27", dspark_draft_topk=4), loaded=loaded)
+    assert not (tmp_path / "topk").exists()
+
+
 @pytest.mark.parametrize("k", [0, 101])
 def test_vllm_dspark_draft_topk_outside_the_draft_vocabulary_is_refused(ckpts, tmp_path, k):
     path, loaded = ckpts["dspark_dv"]
