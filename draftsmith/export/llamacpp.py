@@ -6,7 +6,8 @@ written by llama.cpp's own converter, then loaded by llama-server for one reques
                                        convert_hf_to_gguf.py --target-model-dir TARGET (arch "eagle3")
     DIR/draft-lm.gguf                  draft LM: the --to hf directory converted as an ordinary model
     DIR/draft-dflash.gguf              DFlash: z-lab's DFlashDraftModel layout, converted with --target-model-dir
-    DIR/draft-dspark.gguf              DSpark: speculators' DSparkSpeculator layout, the same way (both arch
+    DIR/draft-dspark.gguf              DSpark: speculators' DSparkSpeculator layout, the same way
+    DIR/draft-dflash2.gguf             DFlash 2: z-lab's DFlash2DraftModel layout, the same way (all three arch
                                        "dflash"; export/llamacpp_block.py has the layouts and the graph)
     DIR/target-<name>-f32.gguf         the target, converted by the same converter (unless --target-gguf)
     DIR/draftsmith.json                what is which, the serve command, the llama.cpp version, the check

@@ -15,6 +15,13 @@ arch "dflash" (src/models/dflash.cpp), from two converter classes (conversion/qw
           sample_from_anchor, draft_vocab_size; d2t as offsets (the converter adds arange), t2d
           dropped, markov_head.markov_w{1,2}, confidence_head.proj; a full-vocabulary lm_head is
           DROPPED: the graph then projects with the target's output tensor (ctx_other).
+  DFlash 2  z-lab's `DFlash2DraftModel` (the same class DFlashModel): DFlash's layout plus dflash_config
+          {conv_kernel_size, conv_group_size, selector_rank, selector_top_k}; tensors layers.{i}.{attention_conv,
+          mlp_conv}.{base_kernel [2, K, h], kernel_projection.weight [2 K G, h]} (gguf blk.{i}.{attn,ffn}_conv_*),
+          candidate_selector.{predecessor,successor}_codebook [V, r], hidden_projection.weight [r, h]
+          (selector_*). The loader needs the full vocabulary (successor codebook by target id) and
+          top_k * (top_k + 1) <= hidden (the lattice row); served as draft-dflash, whose loop walks the
+          selector greedily (argmax over the K pair scores from the previous pick) when selector_top_k > 0.
 
 The graph, against draftsmith's BlockDrafting (heads/dflash.py), term by term:
   context  fc -> RMSNorm (hidden_norm = enc output norm); per layer k_norm(k_proj(ctx)) roped at the
