@@ -6,7 +6,8 @@ written by llama.cpp's own converter, then loaded by llama-server for one reques
                                        convert_hf_to_gguf.py --target-model-dir TARGET (arch "eagle3")
     DIR/draft-lm.gguf                  draft LM: the --to hf directory converted as an ordinary model
     DIR/draft-dflash.gguf              DFlash: z-lab's DFlashDraftModel layout, converted with --target-model-dir
-    DIR/draft-dspark.gguf              DSpark: speculators' DSparkSpeculator layout, the same way (both arch
+    DIR/draft-dspark.gguf              DSpark: speculators' DSparkSpeculator layout, the same way
+    DIR/draft-dflash2.gguf             DFlash 2: z-lab's DFlash2DraftModel layout, the same way (all three arch
                                        "dflash"; export/llamacpp_block.py has the layouts and the graph)
     DIR/target-<name>-f32.gguf         the target, converted by the same converter (unless --target-gguf)
     DIR/draftsmith.json                what is which, the serve command, the llama.cpp version, the check
@@ -40,11 +41,14 @@ from draftsmith.errors import UserError
 from draftsmith.export.llamacpp_block import BLOCK_KINDS, block_drafts, block_refusal, check_block_k, write_block_dir
 
 FORMAT = "llama.cpp"
-SPEC_TYPES = {"eagle3": "draft-eagle3", "draft_lm": "draft-simple", "dflash": "draft-dflash", "dspark": "draft-dspark"}
+# DFlash 2 runs as draft-dflash: common/speculative.cpp switches to its selector walk when the GGUF has selector_top_k
+# (uncut at llama.cpp's default --spec-draft-p-min 0, as draftsmith's walk)
+SPEC_TYPES = {"eagle3": "draft-eagle3", "draft_lm": "draft-simple", "dflash": "draft-dflash", "dspark": "draft-dspark",
+              "dflash2": "draft-dflash"}
 DRAFT_FILES = {"eagle3": "draft-eagle3.gguf", "draft_lm": "draft-lm.gguf", "dflash": "draft-dflash.gguf",
-               "dspark": "draft-dspark.gguf"}
+               "dspark": "draft-dspark.gguf", "dflash2": "draft-dflash2.gguf"}
 FEATURE_KINDS = ("eagle3", *BLOCK_KINDS)  # drafters fed by the target's layer inputs (t_layer_inp)
-KIND_NAMES = {"eagle3": "EAGLE-3", "dflash": "DFlash", "dspark": "DSpark"}
+KIND_NAMES = {"eagle3": "EAGLE-3", "dflash": "DFlash", "dspark": "DSpark", "dflash2": "DFlash 2"}
 NOT_SERVED = {
     "medusa": "llama.cpp has no Medusa heads (its --spec-type values: draft-simple, draft-eagle3, draft-dflash, "
               "draft-dspark, draft-mtp, ngram-*)",

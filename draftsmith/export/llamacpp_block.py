@@ -15,6 +15,13 @@ arch "dflash" (src/models/dflash.cpp), from two converter classes (conversion/qw
           sample_from_anchor, draft_vocab_size; d2t as offsets (the converter adds arange), t2d
           dropped, markov_head.markov_w{1,2}, confidence_head.proj; a full-vocabulary lm_head is
           DROPPED: the graph then projects with the target's output tensor (ctx_other).
+  DFlash 2  z-lab's `DFlash2DraftModel` (the same class DFlashModel): DFlash's layout plus dflash_config
+          {conv_kernel_size, conv_group_size, selector_rank, selector_top_k}; tensors layers.{i}.{attention_conv,
+          mlp_conv}.{base_kernel [2, K, h], kernel_projection.weight [2 K G, h]} (gguf blk.{i}.{attn,ffn}_conv_*),
+          candidate_selector.{predecessor,successor}_codebook [V, r], hidden_projection.weight [r, h]
+          (selector_*). The loader needs the full vocabulary (successor codebook by target id) and
+          top_k * (top_k + 1) <= hidden (the lattice row); served as draft-dflash, whose loop walks the
+          selector greedily (argmax over the K pair scores from the previous pick) when selector_top_k > 0.
 
 The graph, against draftsmith's BlockDrafting (heads/dflash.py), term by term:
   context  fc -> RMSNorm (hidden_norm = enc output norm); per layer k_norm(k_proj(ctx)) roped at the
@@ -43,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-BLOCK_KINDS = ("dflash", "dspark")
+BLOCK_KINDS = ("dflash", "dspark", "dflash2")
 # eval --engine: drafter options draftsmith's side runs with to apply the rule llama.cpp applies
 ENGINE_DRAFTER_OPTIONS = {"dspark": {"confidence_threshold": 0.0}}
 
@@ -69,6 +76,8 @@ def block_refusal(loaded) -> str | None:
     if rope.get("rope_type", "default") != "default":
         return (f"--to llama.cpp: the target's rope_type {rope.get('rope_type')!r}: llama.cpp's {kind} converter (a Qwen3 "
                 "model) writes plain rope only, the drafter was trained with the scaled one; export --to vllm")
+    if kind == "dflash2":
+        return dflash2_refusal(d)
     if kind == "dflash" and not full_vocab(d):
         return (f"--to llama.cpp: this DFlash drafter has a reduced draft vocabulary ({d.d2t.shape[0]} of "
                 f"{d.t2d.shape[0]}); llama.cpp's DFlash converter (z-lab DFlashDraftModel) has no d2t; retrain with "
@@ -77,6 +86,20 @@ def block_refusal(loaded) -> str | None:
         return ("--to llama.cpp: this DSpark drafter trained its lm_head (drafter.train_lm_head=true) over the full "
                 "vocabulary; llama.cpp's DSpark converter drops a full-vocabulary lm_head and projects with the "
                 "target's; retrain with train_lm_head false or a draft_vocab_size, or export --to vllm")
+    return None
+
+
+def dflash2_refusal(d) -> str | None:
+    """What llama.cpp's DFlash 2 loader (src/models/dflash.cpp) rejects or reads differently, or None."""
+    if not full_vocab(d):
+        return (f"--to llama.cpp: this DFlash 2 drafter has a reduced draft vocabulary ({d.d2t.shape[0]} of "
+                f"{d.t2d.shape[0]}); llama.cpp's DFlash 2 selector indexes its successor codebook by target id "
+                "(selector_successor [rank, n_vocab]); retrain with drafter.draft_vocab_size unset")
+    hidden, top_k = int(d.layer_config.hidden_size), int(d.top_k)
+    if hidden < top_k * (top_k + 1):
+        return (f"--to llama.cpp: drafter.selector_top_k {top_k} needs a hidden size >= top_k * (top_k + 1) = "
+                f"{top_k * (top_k + 1)} (llama.cpp packs the selector lattice into one hidden row, "
+                f"src/models/dflash.cpp); this drafter's is {hidden}: retrain with a smaller selector_top_k")
     return None
 
 
@@ -94,10 +117,14 @@ def block_config(loaded) -> dict:
     """config.json in the layout llama.cpp's converter class for this kind reads (module doc)."""
     d = loaded.drafter
     layer = qwen3_fields(loaded)
-    if d.kind == "dflash":
-        return {**layer, "architectures": ["DFlashDraftModel"], "block_size": d.block_size,
-                "dflash_config": {"mask_token_id": int(d.mask_token_id), "block_size": d.block_size,
-                                  "target_layer_ids": [int(i) - 1 for i in d.aux_layer_ids]}}
+    if d.kind in ("dflash", "dflash2"):
+        dflash = {"mask_token_id": int(d.mask_token_id), "block_size": d.block_size,
+                  "target_layer_ids": [int(i) - 1 for i in d.aux_layer_ids]}
+        if d.kind == "dflash2":  # the converter writes these four as {arch}.conv_* / selector_* (DFlash 2 on)
+            dflash.update({name: int(getattr(d.cfg, name)) for name in
+                           ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")})
+        arch = "DFlash2DraftModel" if d.kind == "dflash2" else "DFlashDraftModel"
+        return {**layer, "architectures": [arch], "block_size": d.block_size, "dflash_config": dflash}
     return {"architectures": ["DSparkSpeculator"], "speculators_model_type": "dspark",
             "draft_vocab_size": int(d.d2t.shape[0]), "block_size": d.block_size,
             "target_hidden_size": int(loaded.target.hidden_size),
@@ -128,7 +155,7 @@ def write_block_dir(loaded, out: Path) -> Path:
 
 
 def check_block_k(drafter, k: int) -> None:
-    """llama.cpp decodes a block of k + 1 (DFlash) / k (DSpark) tokens: only one whole trained block is exact."""
+    """llama.cpp decodes a block of k + 1 (DFlash, DFlash 2) / k (DSpark) tokens: only one whole trained block is exact."""
     from draftsmith.errors import UserError
 
     most = block_drafts(drafter)

@@ -1,8 +1,9 @@
 """train -> export --to llama.cpp -> llama-server for the block drafters (DFlash: z-lab's DFlashDraftModel
-layout, DSpark: speculators' DSparkSpeculator), on the embedded target builtin:pycode-tiny: the shipped
-debug recipes for a few steps, the draft GGUF written by llama.cpp's own converter (arch "dflash",
-target_layers = the drafter's aux ids, the mask token, the block size; DSpark's Markov and confidence
-tensors), loaded by llama-server, then `draftsmith eval --engine llama.cpp` at k = one whole block on a
+layout, DSpark: speculators' DSparkSpeculator, DFlash 2: z-lab's DFlash2DraftModel), on the embedded target
+builtin:pycode-tiny: the shipped debug recipes for a few steps (DFlash 2: DFlash's recipe with kind dflash2
+and a selector top-k that fits llama.cpp's lattice row), the draft GGUF written by llama.cpp's own converter
+(arch "dflash", target_layers = the drafter's aux ids, the mask token, the block size; DSpark's Markov and
+confidence tensors; DFlash 2's convolutions and selector), loaded by llama-server, then `draftsmith eval --engine llama.cpp` at k = one whole block on a
 few prompts: output with the draft equals output without, and llama.cpp's tau is within 5 % of draftsmith's.
 
 Needs llama.cpp built by `bash scripts/install_llama_cpp.sh`; skips without it, unless
@@ -41,18 +42,24 @@ def target_gguf(tools, tmp_path_factory):
     return convert(tools, Path(resolve_path("builtin:pycode-tiny")), tmp_path_factory.mktemp("t") / "target.gguf")
 
 
+# DFlash 2 has no pycode-tiny recipe: DFlash's, with the DFlash 2 pieces (top-k 8: 8 * 9 <= hidden 128)
+RECIPE_OVERRIDES = {"dflash2": ("dflash", ["drafter.kind=dflash2", "drafter.selector_top_k=8", "drafter.selector_rank=16",
+                                           "drafter.conv_group_size=16"])}
+
+
 def train_tiny(kind: str, out) -> str:
     from draftsmith import config
     from draftsmith.train.loop import train
 
-    cfg = config.load(REPO / "recipes" / "debug" / f"{kind}-pycode-tiny.yaml",
-                      ["train.max_steps=20", "train.batch_size=4", "train.eval_every=0", f"train.output_dir={out}/run",
+    recipe, extra = RECIPE_OVERRIDES.get(kind, (kind, []))
+    cfg = config.load(REPO / "recipes" / "debug" / f"{recipe}-pycode-tiny.yaml",
+                      [*extra, "train.max_steps=20", "train.batch_size=4", "train.eval_every=0", f"train.output_dir={out}/run",
                        "data.max_samples=64", "data.eval_samples=2", "logging.progress_bar=false",
                        "train.precision=fp32", "target.device=cpu"])
     return train(cfg).final_checkpoint
 
 
-@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+@pytest.mark.parametrize("kind", ["dflash", "dspark", "dflash2"])
 def test_block_drafter_train_export_serve_round_trip(kind, tools, target_gguf, tmp_path, capsys):
     from gguf import GGUFReader
 
@@ -68,7 +75,8 @@ def test_block_drafter_train_export_serve_round_trip(kind, tools, target_gguf, t
                  "--target-gguf", str(target_gguf)]) == 0
     side = json.loads((out / "draftsmith.json").read_text())
     assert side["check"]["loaded"] and side["check"]["draft_n"] > 0  # llama-server loaded both and drafted
-    assert side["spec_type"] == f"draft-{kind}" and side["draft"] == f"draft-{kind}.gguf"
+    assert side["spec_type"] == ("draft-dflash" if kind == "dflash2" else f"draft-{kind}")
+    assert side["draft"] == f"draft-{kind}.gguf"
     reader = GGUFReader(str(out / side["draft"]))
     fields = reader.fields
     assert fields["general.architecture"].contents() == "dflash"
@@ -77,6 +85,11 @@ def test_block_drafter_train_export_serve_round_trip(kind, tools, target_gguf, t
     names = {t.name for t in reader.tensors}
     assert "token_embd.weight" not in names  # the target's embedding, shared through llama.cpp's ctx_other
     assert ({"markov_w1.weight", "markov_w2.weight", "conf_proj.weight"} <= names) == (kind == "dspark")
+    dflash2_tensors = {"blk.0.attn_conv_base", "blk.1.ffn_conv_proj.weight", "selector_predecessor.weight",
+                       "selector_successor.weight", "selector_hidden.weight"}
+    assert (dflash2_tensors <= names) == (kind == "dflash2")
+    if kind == "dflash2":  # what switches llama.cpp's draft-dflash to the selector walk
+        assert fields["dflash.selector_top_k"].contents() == drafter.top_k == 8
 
     result = tmp_path / "parity.json"
     capsys.readouterr()

@@ -232,14 +232,18 @@ def test_engine_formats_refuse_in_one_line_naming_the_pr(fmt, pr):
     assert pr in msg and "\n" not in msg and msg.startswith(f"--to {fmt} does not take dflash2 drafters: ")
 
 
-def test_llama_cpp_refuses_in_one_line_naming_the_pr():
+def test_llama_cpp_serves_full_vocab_dflash2_and_refuses_a_reduced_one_in_one_line():
+    """llama.cpp 0.3.36 converts and serves DFlash 2 (export/llamacpp_block.py); its selector reads target ids."""
     from types import SimpleNamespace
 
     from draftsmith.export import llamacpp
 
-    _, d = make()
-    why = llamacpp.refusal(SimpleNamespace(drafter=d, target=None))
-    assert why.startswith("--to llama.cpp does not take dflash2 drafters: ") and "ggml-org/llama.cpp#27342" in why
+    target, d = make(draft_vocab_size=None, top_k=4)  # 4 * 5 <= hidden 32: the lattice fits one row
+    assert "llama.cpp" not in DFlash2Drafter.export_refused
+    assert llamacpp.refusal(SimpleNamespace(drafter=d, target=target)) is None
+    target, d = make()  # draft vocabulary 100 of 259
+    why = llamacpp.refusal(SimpleNamespace(drafter=d, target=target))
+    assert why.startswith("--to llama.cpp: this DFlash 2 drafter has a reduced draft vocabulary (100 of 259)")
     assert "\n" not in why
 
 

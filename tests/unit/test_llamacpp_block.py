@@ -15,7 +15,9 @@ from draftsmith.heads import DRAFTERS
 from draftsmith.testing import arch_target, tiny_target
 
 TINY = {"dflash": {"block_size": 4, "num_layers": 2, "num_anchors": 4},
-        "dspark": {"block_size": 3, "num_layers": 1, "num_anchors": 4, "markov_rank": 8}}
+        "dspark": {"block_size": 3, "num_layers": 1, "num_anchors": 4, "markov_rank": 8},
+        "dflash2": {"block_size": 4, "num_layers": 2, "num_anchors": 4, "conv_group_size": 8, "selector_rank": 8,
+                    "selector_top_k": 4}}
 
 
 def block_loaded(kind, target=None, **options):
@@ -26,11 +28,31 @@ def block_loaded(kind, target=None, **options):
     return SimpleNamespace(drafter=drafter, target=target)
 
 
-@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+@pytest.mark.parametrize("kind", ["dflash", "dspark", "dflash2"])
 def test_block_drafters_on_a_llama_target_are_served(kind):
     loaded = block_loaded(kind)
     assert llamacpp.refusal(loaded) is None
-    assert llamacpp.SPEC_TYPES[kind] == f"draft-{kind}" and llamacpp.DRAFT_FILES[kind] == f"draft-{kind}.gguf"
+    # DFlash 2 is llama.cpp's draft-dflash: speculative.cpp walks the selector when the GGUF has selector_top_k
+    assert llamacpp.SPEC_TYPES[kind] == ("draft-dflash" if kind == "dflash2" else f"draft-{kind}")
+    assert llamacpp.DRAFT_FILES[kind] == f"draft-{kind}.gguf"
+
+
+def test_dflash2_directory_is_zlab_dflash2_layout_with_conv_and_selector(tmp_path):
+    loaded = block_loaded("dflash2", aux_layer_ids=[0, 1, 3])
+    cfg = llamacpp_block.block_config(loaded)
+    assert cfg["architectures"] == ["DFlash2DraftModel"] and cfg["model_type"] == "qwen3"
+    assert cfg["dflash_config"] == {"mask_token_id": 0, "block_size": 4, "target_layer_ids": [-1, 0, 2],
+                                    "conv_kernel_size": 2, "conv_group_size": 8, "selector_rank": 8,
+                                    "selector_top_k": 4}
+    tensors = llamacpp_block.block_tensors(loaded)
+    # the names gguf-py's tensor_mapping.py maps (with the converter's "model." prefix) to blk.{i}.attn_conv_* etc.
+    assert {"layers.1.attention_conv.base_kernel", "layers.1.attention_conv.kernel_projection.weight",
+            "layers.0.mlp_conv.base_kernel", "layers.0.mlp_conv.kernel_projection.weight",
+            "candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook",
+            "candidate_selector.hidden_projection.weight"} <= set(tensors)
+    assert tensors["layers.0.attention_conv.base_kernel"].shape == (2, 2, 32)  # [in/out, K, h] = ggml {h, K, 2}
+    assert tensors["layers.0.mlp_conv.kernel_projection.weight"].shape == (2 * 2 * 4, 32)  # [2 K G, h]
+    assert "embed_tokens.weight" not in tensors and "d2t" not in tensors
 
 
 def test_dflash_directory_is_zlab_layout_with_output_of_layer_ids(tmp_path):
@@ -70,6 +92,8 @@ def test_dspark_directory_is_speculators_layout_with_input_of_layer_ids(tmp_path
 @pytest.mark.parametrize("kind, options, needle", [
     ("dflash", {"draft_vocab_size": 100}, "has no d2t"),
     ("dspark", {"train_lm_head": True}, "drops a full-vocabulary lm_head"),
+    ("dflash2", {"draft_vocab_size": 100}, "selector_successor [rank, n_vocab]"),
+    ("dflash2", {"selector_top_k": 6}, "selector_top_k 6 needs a hidden size >= top_k * (top_k + 1) = 42"),
 ])
 def test_block_configurations_llamacpp_reads_differently_are_refused(kind, options, needle):
     why = llamacpp.refusal(block_loaded(kind, **options))
@@ -88,7 +112,7 @@ def test_block_drafters_on_targets_llamacpp_cannot_feed_are_refused(kind):
     assert "rope_type 'llama3'" in why and "\n" not in why
 
 
-@pytest.mark.parametrize("kind, whole", [("dflash", 3), ("dspark", 3)])
+@pytest.mark.parametrize("kind, whole", [("dflash", 3), ("dspark", 3), ("dflash2", 3)])
 def test_k_must_be_one_whole_block(kind, whole):
     drafter = block_loaded(kind).drafter
     assert llamacpp.default_k(drafter) == whole
