@@ -26,7 +26,6 @@ Read from speculators 0.9.0 (models/dflash/config.py, core.py; models/dspark/con
 from __future__ import annotations
 
 import dataclasses
-
 from pathlib import Path
 
 import torch
