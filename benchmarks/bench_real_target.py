@@ -58,6 +58,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--check-lossless", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True,
                    help="also time transformers' generate(prompt_lookup_num_tokens=...) and plain generate()")
+    p.add_argument("--hf-plain-repeats", type=int, default=None,
+                   help="timed runs of plain generate() per prompt (default --repeats; 1 saves time: the speedup "
+                        "against prompt lookup needs only its own runs)")
     p.add_argument("--pld-tokens", type=int, default=4, help="prompt_lookup_num_tokens of transformers' prompt lookup")
     p.add_argument("--pld-max-ngram", type=int, default=3,
                    help="max_matching_ngram_size of transformers' prompt lookup (3: as draftsmith's n-gram default)")
@@ -157,9 +160,11 @@ def hf_baselines(args) -> dict:
         per_prompt = {}
         for i, (item_id, ids) in enumerate(encoded):
             plain, lookup = [], []
-            for _ in range(args.repeats):
-                for pld in ((False, True) if i % 2 == 0 else (True, False)):
-                    (lookup if pld else plain).append(hf_generate(target.model, ids, args, target.eos_ids, pld))
+            plain_repeats = args.repeats if args.hf_plain_repeats is None else args.hf_plain_repeats
+            for r in range(max(args.repeats, plain_repeats)):
+                for pld in ((False, True) if (i + r) % 2 == 0 else (True, False)):  # order alternates
+                    if pld and r < args.repeats or not pld and r < plain_repeats:
+                        (lookup if pld else plain).append(hf_generate(target.model, ids, args, target.eos_ids, pld))
             p, q = _median_run(plain), _median_run(lookup)
             per_prompt[item_id] = {"plain_tokens_per_s": _tps(p), "pld_tokens_per_s": _tps(q),
                                    "plain_tpot_s": _tpot(p), "pld_tpot_s": _tpot(q),
