@@ -118,6 +118,15 @@ def target_dir_of(loaded) -> Path:
     return path.resolve()
 
 
+def served_target(loaded, given: Path | None) -> Path | None:
+    """The target GGUF llama-server loads: --target-gguf, else a GGUF target's own file (served as it is,
+    quantized or not, never converted), else None (the export converts the HF target directory)."""
+    if given is not None:
+        return given
+    own = getattr(loaded.target, "gguf_file", None)
+    return Path(own).resolve() if own else None
+
+
 def target_file_name(target_dir: Path) -> str:
     return f"target-{re.sub(r'[^A-Za-z0-9._-]+', '-', target_dir.name)}-f32.gguf"
 
@@ -177,6 +186,7 @@ def export_llamacpp(checkpoint, out, target_gguf=None, k: int | None = None, val
     from draftsmith.checkpoint import load_drafter, write_dir_atomically
     from draftsmith.export.api import check_out_dir, replace_export_files, written_files
     from draftsmith.export.llamacpp_tools import convert, find_llama_cpp
+    from draftsmith.export.llamacpp_vocab import adopt_vocabulary
 
     out = Path(out).resolve()
     source = Path(checkpoint) if checkpoint is not None else None
@@ -192,7 +202,9 @@ def export_llamacpp(checkpoint, out, target_gguf=None, k: int | None = None, val
     spec_type, k = SPEC_TYPES[kind], int(k or default_k(loaded.drafter))
     check_k(loaded.drafter, k)
     tools = find_llama_cpp()
-    target_dir = target_dir_of(loaded)
+    given_target = served_target(loaded, given_target)
+    needs_dir = kind in FEATURE_KINDS or given_target is None  # the converter reads the HF target directory
+    target_dir = target_dir_of(loaded) if needs_dir else given_target.parent
     draft_name = DRAFT_FILES[kind]
     target_path = given_target or out / target_file_name(target_dir)
     check: dict = {}
@@ -204,6 +216,8 @@ def export_llamacpp(checkpoint, out, target_gguf=None, k: int | None = None, val
             convert(tools, hf_dir, tmp / draft_name, target_dir=target_dir if kind in FEATURE_KINDS else None)
         if given_target is None:
             convert(tools, target_dir, tmp / target_path.name)
+        if kind == "draft_lm":  # llama.cpp drafts only with the target's exact vocabulary (llamacpp_vocab.py)
+            adopt_vocabulary(tmp / draft_name, given_target or tmp / target_path.name)
         if validate:  # the files as written, before they reach `out`
             local_target = given_target or tmp / target_path.name
             check.update(check_with_server(tools, local_target, tmp / draft_name, spec_type, k,

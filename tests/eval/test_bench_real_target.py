@@ -1,0 +1,46 @@
+"""benchmarks/bench_real_target.py on the embedded pycode-tiny target (CI never needs Gemma): every row
+is draftsmith's own eval, the transformers prompt-lookup baseline times the same prompt ids, the
+speedup against it is the per-prompt ratio of the two measured token rates, and the summary and the
+per-kind results files are written."""
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench_real_target", REPO / "benchmarks" / "bench_real_target.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_split_checkpoint_reads_a_trailing_k():
+    bench = load_bench()
+    assert bench.split_checkpoint("runs/x/final:5", 4) == ("runs/x/final", 5)
+    assert bench.split_checkpoint("runs/x/final", 4) == ("runs/x/final", 4)
+    assert bench.split_checkpoint("C:/runs/x", 3) == ("C:/runs/x", 3)  # a colon that is no k
+
+
+def test_bench_real_target_on_the_toy_target(tmp_path, capsys):
+    bench = load_bench()
+    rc = bench.main(["--target", "builtin:pycode-tiny", "--workloads", "pycode", "--num-prompts", "2",
+                     "--max-new-tokens", "12", "--dtype", "float32", "--out-dir", str(tmp_path), "--tag", "t"])
+    assert rc == 0
+    summary = json.loads((tmp_path / "summary-float32-t.json").read_text())
+    (row,) = summary["rows"]
+    assert row["kind"] == "ngram" and row["workload"] == "pycode" and row["num_prompts"] == 2
+    assert 1.0 <= row["tau"] <= 5.0 and len(row["per_position_acceptance"]) == 4
+    assert row["lossless"] == "2/2 identical" and row["lossless_passed"] is True
+    eval_results = json.loads((tmp_path / "ngram-float32-k4-t.json").read_text())
+    reqs = eval_results["workloads"]["pycode"]["requests"]
+    hf = summary["hf_per_prompt"]["pycode"]
+    ratios = sorted(r["spec_tokens_per_s"] / hf[r["id"]]["pld_tokens_per_s"] for r in reqs)
+    assert row["speedup_vs_hf_prompt_lookup"]["median"] == pytest.approx(sum(ratios) / 2)  # median of two
+    (pld,) = summary["transformers"]
+    assert pld["lossless"] == "2/2 identical to plain generate"  # float32 prompt lookup is exact
+    assert "| ngram | 4 | pycode | 2 |" in capsys.readouterr().out
