@@ -263,6 +263,26 @@ def run_one(kind, peers, target, data_file, work, evalset, steps, seed, override
     return row
 
 
+def score_checkpoints(dirs: list[Path], target, evalset, out: Path | None) -> int:
+    """The measure and the loop check on finished checkpoints (e.g. of a run stopped before its peer half)."""
+    from draftsmith.checkpoint import load_drafter
+
+    rows = []
+    for d in dirs:
+        drafter = load_drafter(d).drafter.eval()
+        chain = draftsmith_block_chain if getattr(drafter, "drafts_block", False) else eagle3_chain
+        row = {"checkpoint": str(d), "kind": drafter.kind}
+        row["draftsmith_tau"], row["draftsmith_per_position"] = score(chain, drafter, target, evalset)
+        row["draftsmith_loop_tau"], row["draftsmith_lossless"] = bp.loop_tau(drafter, target, evalset, K)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"protocol": {**bp.DEFAULTS, "k": K, "prompts": len(evalset)}, "runs": rows}, indent=1))
+    ok = all(abs(r["draftsmith_tau"] - r["draftsmith_loop_tau"]) <= 0.03 and r["draftsmith_lossless"] for r in rows)
+    return 0 if ok else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kinds", nargs="+", default=["dflash", "dspark"], choices=sorted(RECIPES))
@@ -277,6 +297,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", type=Path, default=None, help="keeps the sampled data between runs")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--smoke", action="store_true", help="2 steps, 1 seed, 8 stories, 2 prompts")
+    ap.add_argument("--score-checkpoints", type=Path, nargs="+", default=None, metavar="DIR",
+                    help="score draftsmith checkpoints trained on this protocol (a run's ds-KIND-STEPS-SEED/final), then stop")
     args = ap.parse_args(argv)
     if not bp.STORIES.is_dir():
         print(f"bench_peers_block: {bp.STORIES} is missing; it needs ../shared beside the repository", file=sys.stderr)
@@ -289,6 +311,8 @@ def main(argv=None) -> int:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-peers-block-"))
     work.mkdir(parents=True, exist_ok=True)
     evalset = bp.greedy_continuations(target, prompts, eval_tokens)
+    if args.score_checkpoints:
+        return score_checkpoints(args.score_checkpoints, target, evalset, args.out)
     data_file = bp.protocol_data(target, work, n_stories, 1234)
     rows = []
     for steps in args.steps:
