@@ -26,7 +26,7 @@ def rows_of(path: Path) -> list[dict]:
     out = []
     groups = {}
     for run in report["runs"]:
-        groups.setdefault((run["steps"], run["kind"]), []).append(run)
+        groups.setdefault((run.get("steps", 300), run["kind"]), []).append(run)
     for (steps, kind), runs in groups.items():
         for trainer in ("draftsmith", "speculators"):
             if f"{trainer}_tau" not in runs[0]:
@@ -36,7 +36,7 @@ def rows_of(path: Path) -> list[dict]:
             loop = [r["draftsmith_loop_tau"] for r in runs] if trainer == "draftsmith" else None
             out.append({"file": path.name, "steps": steps, "kind": kind, "trainer": trainer, "taus": taus,
                         "mean": statistics.mean(taus), "loop": loop, "pos": pos,
-                        "seeds": [r["seed"] for r in runs], "overrides": report["protocol"].get("overrides", [])})
+                        "seeds": [r.get("seed", "?") for r in runs], "overrides": report["protocol"].get("overrides", [])})
     return out
 
 
