@@ -142,6 +142,10 @@ class BlockDrafting:
         self.embed_tokens = Frozen(embed_tokens)  # the target's: not a parameter, not in state_dict
         self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(target_vocab_size, dtype=torch.bool))
+        if cfg.init_std is not None:  # the backbone's linear weights ~ Normal(0, init_std), as HF's post_init does
+            for module in (self.fc, *self.layers):
+                for linear in [m for m in module.modules() if isinstance(m, nn.Linear)]:
+                    nn.init.normal_(linear.weight, std=cfg.init_std)
 
     def make_layer(self, layer_config) -> nn.Module:
         """One draft decoder layer (DFlash 2 wraps its sublayers in dynamic convolutions: heads/dflash2.py)."""
@@ -316,8 +320,10 @@ class BlockConfig:
     block_size: int = 8
     # Draft decoder layers (the paper: 5 on Qwen3-8B; 1-2 suffice on tiny targets).
     num_layers: int = 1
-    # Blocks trained per sequence (anchors drawn at random among loss positions).
-    num_anchors: int = 32
+    # Blocks trained per sequence (anchors drawn at random among loss positions). 128 since issue 21: more
+    # blocks per step was the largest single gain at a fixed step budget (docs/benchmarks.md, "Block
+    # drafters side by side"); speculators trains up to 512 per packed row; the step's cost grows ~linearly.
+    num_anchors: int = 128
     # DFlash: slot i's loss weight is exp(-(i - 1) / loss_decay_gamma) (the paper: 7 for B=16, 4 for B=8).
     loss_decay_gamma: float = 4.0
     # Token id that fills the masked slots; None: the tokenizer's pad (else unk) id.
@@ -326,6 +332,9 @@ class BlockConfig:
     draft_vocab_size: Optional[int] = None
     # Train lm_head (initialised from the target's rows); False keeps it frozen, as the paper does.
     train_lm_head: bool = False
+    # Normal(0, init_std) for fc and the draft layers' linear weights (HF's initializer_range, which
+    # speculators' post_init applies); None keeps torch's default (Kaiming-uniform) init.
+    init_std: Optional[float] = None
     # Draft layer shape; None copies the target's.
     num_heads: Optional[int] = None
     num_kv_heads: Optional[int] = None
@@ -336,7 +345,7 @@ class BlockConfig:
         return range_problems(self, {"block_size": f">= 2 and <= {MAX_DRAFT_TOKENS + 1}", "num_layers": ">= 1", "num_anchors": ">= 1",
                                      "loss_decay_gamma": "> 0", "mask_token_id": ">= 0", "draft_vocab_size": ">= 2",
                                      "num_heads": ">= 1", "num_kv_heads": ">= 1", "intermediate_size": ">= 1",
-                                     "aux_layer_ids": ">= 0"}) + aux_layer_problems(self.aux_layer_ids)
+                                     "aux_layer_ids": ">= 0", "init_std": "> 0"}) + aux_layer_problems(self.aux_layer_ids)
 
 
 # --------------------------------------------------------------------------- the drafter

@@ -34,12 +34,13 @@ from draftsmith.sampling import sample
 class MarkovHead(nn.Module):
     """Low-rank first-order bias: markov_w1 [V_target, r] embeds the previous token, markov_w2 [r -> dv]."""
 
-    def __init__(self, target_vocab_size: int, draft_vocab_size: int, rank: int):
+    def __init__(self, target_vocab_size: int, draft_vocab_size: int, rank: int, zero_init: bool = True):
         super().__init__()
         self.markov_w1 = nn.Embedding(target_vocab_size, rank)
         nn.init.normal_(self.markov_w1.weight, std=0.01)
-        self.markov_w2 = nn.Linear(rank, draft_vocab_size, bias=False)
-        nn.init.zeros_(self.markov_w2.weight)  # start as pure DFlash: no bias until trained
+        self.markov_w2 = nn.Linear(rank, draft_vocab_size, bias=False)  # torch's default init unless zero_init
+        if zero_init:
+            nn.init.zeros_(self.markov_w2.weight)  # start as pure DFlash: no bias (and no token-loss gradient into w1) yet
 
 
 class ConfidenceHead(nn.Module):
@@ -71,6 +72,9 @@ class DSparkDrafter(BlockDrafting, Drafter):
         loss_decay_gamma: float = 4.0
         # Low rank r of the Markov bias W2 W1 (DeepSpec and speculators: 256).
         markov_rank: int = 32
+        # True starts W2 at zero (a pure-DFlash start; W1 then gets no token-loss gradient until W2 grows); False
+        # keeps torch's default init for W2, as speculators does.
+        markov_zero_init: bool = True
         # Weight of the confidence head's BCE loss (speculators' confidence_head_alpha).
         confidence_weight: float = 1.0
         # Eval: drafts are sent to verification while the running product of confidences stays >= this;
@@ -88,7 +92,7 @@ class DSparkDrafter(BlockDrafting, Drafter):
                            mask_token_id)
         if cfg.markov_rank < 1:
             raise ValueError(f"drafter.markov_rank {cfg.markov_rank}: needs >= 1 (0 is plain DFlash: use kind dflash)")
-        self.markov_head = MarkovHead(target_vocab_size, draft_vocab_size, cfg.markov_rank)
+        self.markov_head = MarkovHead(target_vocab_size, draft_vocab_size, cfg.markov_rank, cfg.markov_zero_init)
         self.confidence_head = ConfidenceHead(layer_config.hidden_size + cfg.markov_rank)
 
     @classmethod
