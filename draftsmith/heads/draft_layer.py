@@ -34,6 +34,10 @@ def draft_layer_config(target_config, num_heads=None, num_kv_heads=None, interme
     heads = num_heads or tc.num_attention_heads
     kv_heads = num_kv_heads or getattr(tc, "num_key_value_heads", None) or heads
     head_dim = head_dim or getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+    if tc.hidden_size % heads:  # transformers' LlamaConfig (and every engine config reader built on it) refuses it
+        raise ValueError(f"drafter.num_heads {heads}: the target's hidden size {tc.hidden_size} must be a multiple of the "
+                         "draft layer's head count (transformers' LlamaConfig checks it, so no engine could load the "
+                         "export); widen the heads with drafter.head_dim instead")
     rope = draft_rope(tc)  # the target's rope schedule (full-attention layers'), whole-head rotary
     return _with_window(LlamaConfig(
         hidden_size=tc.hidden_size,
