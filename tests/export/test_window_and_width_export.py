@@ -128,3 +128,11 @@ def test_speculators_reads_the_window_and_the_wide_layer(ckpts, tmp_path):
                             position_embeddings=model.rotary_emb(x, positions))
         theirs = model.lm_head(model.norm(y[0] if isinstance(y, tuple) else y))
     assert torch.allclose(ours, theirs, atol=1e-5, rtol=1e-4), (ours - theirs).abs().max()
+
+
+def test_llamacpp_refuses_a_windowed_drafter(ckpts):
+    from draftsmith.export.llamacpp import refusal
+
+    msg = refusal(ckpts["eagle3_window"][1])
+    assert msg and "drafter.sliding_window=4" in msg and "--to vllm" in msg
+    assert "sliding_window" not in (refusal(ckpts["eagle3_wide"][1]) or "")
