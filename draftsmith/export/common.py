@@ -484,3 +484,44 @@ def eagle3_from_weights(weights: dict[str, torch.Tensor], loaded, source: str):
     if missing or unexpected:
         raise ValueError(f"{source}: re-import failed: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
     return drafter.eval()
+
+
+# --------------------------------------------------------------------------- sliding-window drafts
+
+
+def window_fields(drafter, num_layers: int) -> dict:
+    """The draft layers' attention window as HF / vLLM read it from a (transformer_layer_)config: nothing for
+    full attention (the export stays as before), else sliding_window W and layer_types all "sliding_attention"
+    (vLLM's Llama and Qwen3 attention read layer_types[i] and sliding_window; transformers' Qwen3 config
+    use_sliding_window and max_window_layers as well)."""
+    window = getattr(drafter.cfg, "sliding_window", None)
+    if window is None:
+        return {}
+    return {"sliding_window": int(window), "layer_types": ["sliding_attention"] * num_layers,
+            "use_sliding_window": True, "max_window_layers": 0}
+
+
+def window_problems(layer: dict, drafter, num_layers: int) -> list[str]:
+    """The exported layer config's window fields against the trained drafter's drafter.sliding_window."""
+    want = window_fields(drafter, num_layers)
+    got = {k: layer.get(k) for k in ("sliding_window", "layer_types")}
+    if not want:
+        if got["layer_types"] and any(t != "full_attention" for t in got["layer_types"]):
+            return [f"config.json: layer_types {got['layer_types']} but the drafter was trained with full attention "
+                    "(drafter.sliding_window=null)"]
+        return []
+    problems = [f"config.json: {k} is {got[k]!r}, the drafter was trained with {want[k]!r} (drafter.sliding_window)"
+                for k in got if got[k] != want[k]]
+    if layer.get("use_sliding_window") is False:
+        problems.append("config.json: use_sliding_window is false but the drafter was trained with a sliding window")
+    return problems
+
+
+def refuse_window(drafter, engine: str) -> None:
+    """A format whose engine has no per-draft attention window (SGLang's and TensorRT-LLM's EAGLE-3 drafts
+    attend to the whole context) would run a windowed drafter differently than it was trained: refuse."""
+    window = getattr(drafter.cfg, "sliding_window", None)
+    if window is not None:
+        raise ValueError(f"this drafter was trained with drafter.sliding_window={window}, which {engine}'s EAGLE-3 draft "
+                         "cannot express (it attends to the whole context): export it with --to vllm, or retrain with "
+                         "drafter.sliding_window=null for this engine")

@@ -82,6 +82,10 @@ def refusal(loaded) -> str | None:
         return f"--to llama.cpp does not take {kind} drafters: {why}"
     if kind not in SPEC_TYPES:
         return f"--to llama.cpp does not take {kind} drafters (it takes {sorted(SPEC_TYPES)})"
+    window = getattr(getattr(loaded.drafter, "cfg", None), "sliding_window", None)
+    if window is not None:  # its draft graphs attend to the whole context
+        return (f"--to llama.cpp: this drafter was trained with drafter.sliding_window={window}, which llama.cpp's draft "
+                "graphs do not run; export it with --to vllm, or retrain with drafter.sliding_window=null")
     if kind not in FEATURE_KINDS:
         return None
     model_type = str(getattr(loaded.target.config, "model_type", "?"))

@@ -41,6 +41,7 @@ from draftsmith.export.common import (
     output_id_refusals,
     output_of_layer_ids,
     read_export,
+    refuse_window,
     serving_dtype,
     sidecar,
     verifier_name,
@@ -69,6 +70,7 @@ class Eagle3Layout(Layout):
     def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:
         d, target = loaded.drafter, loaded.target
         check_eagle3_aux_count(d.aux_layer_ids, "SGLang")
+        refuse_window(d, "SGLang")
         dtype = serving_dtype(loaded, opts)
         config = {
             "architectures": ["LlamaForCausalLMEagle3"],

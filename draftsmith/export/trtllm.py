@@ -46,6 +46,7 @@ from draftsmith.export.common import (
     output_id_refusals,
     output_of_layer_ids,
     read_export,
+    refuse_window,
     rename,
     serving_dtype,
     sidecar,
@@ -78,6 +79,7 @@ class Eagle3Layout(Layout):
     def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:
         d, target = loaded.drafter, loaded.target
         check_eagle3_aux_count(d.aux_layer_ids, "TensorRT-LLM")
+        refuse_window(d, "TensorRT-LLM")
         dtype = serving_dtype(loaded, opts)
         ids = output_of_layer_ids(d.aux_layer_ids, "TensorRT-LLM")
         llama = llama_fields(d.layer_config, target.config, dtype)

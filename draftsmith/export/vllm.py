@@ -57,6 +57,8 @@ from draftsmith.export.common import (
     rename,
     sidecar,
     verifier_name,
+    window_fields,
+    window_problems,
 )
 from draftsmith.export.sglang import LLAMA_KEYS
 
@@ -174,7 +176,8 @@ class Eagle3Layout(VLLMLayout):
     def files(self, loaded, dtype, k, opts):
         d, target = loaded.drafter, loaded.target
         check_eagle3_aux_count(d.aux_layer_ids, "vLLM")
-        layer = {"architectures": ["LlamaForCausalLM"], **llama_fields(d.layer_config, target.config, dtype)}
+        layer = {"architectures": ["LlamaForCausalLM"], **llama_fields(d.layer_config, target.config, dtype),
+                 **window_fields(d, 1)}  # drafter.sliding_window: vLLM's Llama attention reads layer_types
         config = {
             "architectures": ["Eagle3Speculator"],
             "speculators_model_type": "eagle3",
@@ -225,6 +228,7 @@ class Eagle3Layout(VLLMLayout):
             problems.append(f"config.json: eagle_aux_hidden_state_layer_ids {config['eagle_aux_hidden_state_layer_ids']}"
                             f" != the trained feature layers {loaded.drafter.aux_layer_ids}")
         problems += proposal_problems(config)
+        problems += window_problems(config["transformer_layer_config"], loaded.drafter, 1)
         return problems + embedding_problems(tensors, loaded.target.embed_tokens, "the target's")
 
     def load_back(self, export_dir: Path, loaded):

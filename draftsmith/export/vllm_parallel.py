@@ -40,6 +40,8 @@ from draftsmith.export.common import (
     llama_fields,
     read_export,
     rename,
+    window_fields,
+    window_problems,
 )
 from draftsmith.export.vllm import (
     SPECULATORS_VERSION,
@@ -108,7 +110,8 @@ class BlockLayout(VLLMLayout):
     def files(self, loaded, dtype, k, opts):
         d, target = loaded.drafter, loaded.target
         layer = {**llama_fields(d.layer_config, target.config, dtype), "model_type": "qwen3",
-                 "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": len(d.layers), "use_sliding_window": False}
+                 "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": len(d.layers), "use_sliding_window": False,
+                 **window_fields(d, len(d.layers))}  # drafter.sliding_window: every layer windowed, block non-causal
         config = {
             "architectures": [self.arch],
             "speculators_model_type": d.kind,
@@ -182,6 +185,7 @@ class BlockLayout(VLLMLayout):
             problems.append(f"config.json: sliding_window_non_causal is {config.get('sliding_window_non_causal')!r}: "
                             "vLLM >= 0.27 would run the block causally (dflash_config.causal), the drafter was "
                             "trained bidirectionally; it must be true")
+        problems += window_problems(config["transformer_layer_config"], d, len(d.layers))
         k = config["speculators_config"]["proposal_methods"][0].get("speculative_tokens") or 0
         if k != speculative_tokens(d):
             problems.append(f"config.json: speculative_tokens {k} must be {speculative_tokens(d)} (one whole block: "
@@ -352,6 +356,7 @@ class PEagleLayout(Eagle3Layout):
         if config.get("mask_token_id") != d.mask_token_id:
             problems.append(f"config.json: mask_token_id is {config.get('mask_token_id')!r}, the drafter was trained "
                             f"with {d.mask_token_id}")
+        problems += window_problems(config["transformer_layer_config"], d, 1)
         k = config["speculators_config"]["proposal_methods"][0].get("speculative_tokens") or 0
         if not 1 <= k <= d.cfg.num_depths:
             problems.append(f"config.json: speculative_tokens {k} must lie in 1..{d.cfg.num_depths} (the trained depths)")

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 import torch
 from torch import nn
@@ -41,7 +41,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, app
 
 from draftsmith import packing
 from draftsmith.bounds import MAX_DRAFT_TOKENS  # k per round: no engine verifies more
-from draftsmith.heads import vocab_loss
+from draftsmith.heads import dpace, vocab_loss
 from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.draft_layer import draft_layer_config, rotary
 from draftsmith.heads.shared import Frozen, aux_layer_problems, draft_vocabulary, resolve_aux_layer_ids
@@ -178,7 +178,8 @@ class BlockDrafting:
         """Shared by from_target of dflash and dspark: (layer config, aux ids, d2t, t2d, mask id)."""
         cls.check_options(cfg, target)
         aux = cls.feature_layers_for(cfg, target)
-        layer_cfg = draft_layer_config(target.config, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size)
+        layer_cfg = draft_layer_config(target.config, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size,
+                                       sliding_window=cfg.sliding_window)
         d2t, t2d = draft_vocabulary(cfg.draft_vocab_size, target.vocab_size, token_counts)
         return layer_cfg, aux, d2t, t2d, cls.resolve_mask_token(cfg, target)
 
@@ -233,12 +234,15 @@ class BlockDrafting:
 
     def training_mask(self, anchors: torch.Tensor, attention_mask: torch.Tensor,
                       documents: torch.Tensor | None = None) -> torch.Tensor:
-        """[b, A] anchors -> [b, 1, A*B, s + A*B] bool: block j sees context positions < its anchor
-        (real tokens only, of the anchor's document when packed: documents [b, s]) and its own B slots."""
+        """[b, A] anchors -> [b, 1, A*B, s + A*B] bool: block j sees context positions < its anchor (with
+        drafter.sliding_window W: >= anchor - W too; real tokens only, of the anchor's document when packed:
+        documents [b, s]) and its own B slots."""
         b, A = anchors.shape
         s, B = attention_mask.shape[1], self.block_size
         j = torch.arange(s, device=anchors.device)
         ctx = (j[None, None, :] < anchors[..., None]) & attention_mask.bool()[:, None, :]  # [b, A, s]
+        if self.cfg.sliding_window is not None:  # only the sliding_window positions before the anchor
+            ctx &= j[None, None, :] >= anchors[..., None] - self.cfg.sliding_window
         if documents is not None:
             ctx &= documents[:, None, :] == documents.gather(1, anchors)[..., None]
         ctx = ctx.repeat_interleave(B, dim=1)  # [b, A*B, s]
@@ -299,6 +303,15 @@ class BlockDrafting:
         p, top = vocab_loss.gathered_soft_labels(batch["target_logits"], src.flatten(1), self.draft_ids())
         return p.view(*pos.shape, -1), top.view_as(pos), mask  # [b, A, B, dv], [b, A, B], [b, A, B]
 
+    def token_loss(self, logq: torch.Tensor, p: torch.Tensor, top: torch.Tensor, mask: torch.Tensor):
+        """The token loss of drafter.loss: logq, p [b, A, B, dv], top, mask [b, A, B] -> (per-slot loss
+        [b, A, B], its weights [b, A, B]: mask times the fixed decay (kl) or D-PACE's (dpace, CE on argmax))."""
+        if self.cfg.loss == "dpace":
+            ce, confidence = dpace.hard_ce(logq, top, self.draft_ids())
+            return ce, dpace.dpace_weights(confidence, mask, self.cfg.dpace_alpha)
+        kl = (p * (torch.log(p.clamp_min(1e-20)) - logq)).sum(-1)  # [b, A, B]
+        return kl, mask * self.slot_weights(kl.device)
+
     def slot_weights(self, device) -> torch.Tensor:
         """[B]: the j-th predicting slot weighs exp(-j / gamma); DFlash's anchor slot weighs 0."""
         i = torch.arange(self.block_size, device=device, dtype=torch.float32)
@@ -339,12 +352,24 @@ class BlockConfig:
     num_heads: Optional[int] = None
     num_kv_heads: Optional[int] = None
     intermediate_size: Optional[int] = None
+    # Token loss: "kl" = forward KL(p || q) to the target's distribution, slot i weighted by the fixed decay
+    # above; "dpace" = cross-entropy on the target's argmax weighted by D-PACE (heads/dpace.py: the draft's own
+    # detached confidences, aiming at the expected accepted block length; speculators' and Model Optimizer's
+    # DFlash default; loss_decay_gamma is then unused for the tokens).
+    loss: Literal["kl", "dpace"] = "kl"
+    # D-PACE's smoothing alpha in (0, 1]: s_i = (1 - alpha) q_i + alpha (all three peers: 0.5).
+    dpace_alpha: float = 0.5
+    # Attention window: a block anchored at p sees the context features of the sliding_window positions
+    # p - sliding_window .. p - 1 (and its own slots), in training's mask and the loop alike (speculators'
+    # DFlash window); null: every position before the anchor.
+    sliding_window: Optional[int] = None
 
     def problems(self) -> list[str]:
         """Ranges `config.load` and `draftsmith validate` report (one message per bad option)."""
         return range_problems(self, {"block_size": f">= 2 and <= {MAX_DRAFT_TOKENS + 1}", "num_layers": ">= 1", "num_anchors": ">= 1",
                                      "loss_decay_gamma": "> 0", "mask_token_id": ">= 0", "draft_vocab_size": ">= 2",
                                      "num_heads": ">= 1", "num_kv_heads": ">= 1", "intermediate_size": ">= 1",
+                                     "dpace_alpha": "> 0 and <= 1", "sliding_window": ">= 1",
                                      "aux_layer_ids": ">= 0", "init_std": "> 0"}) + aux_layer_problems(self.aux_layer_ids)
 
 
@@ -375,14 +400,15 @@ class DFlashDrafter(BlockDrafting, Drafter):
         2. build every block [x_p, MASK...] and run all of them in ONE forward, each block seeing the fused
            target features before its anchor and itself (block-sparse mask);
         3. loss of slot i = forward KL(p || q) against the target's distribution for x_{p+i}, weighted by
-           exp(-(i - 1) / gamma), summed over loss tokens (normalised by the caller, see StepOutput).
+           exp(-(i - 1) / gamma) (or, with loss=dpace, CE on its argmax weighted by D-PACE), summed over
+           loss tokens (normalised by the caller, see StepOutput).
         """
         anchors, ok = self.anchors_for(batch)  # 1. [b, A]
         logq = torch.log_softmax(self.block_logits(batch, anchors).float(), dim=-1)  # 2. [b, A, B, dv]
         p, top, mask = self.labels(batch, anchors, ok)
-        kl = (p * (torch.log(p.clamp_min(1e-20)) - logq)).sum(-1)  # 3. [b, A, B]
-        total = (kl * mask * self.slot_weights(kl.device)).sum()
-        return StepOutput(loss=total, metrics=slot_metrics(logq, kl, top, mask, self.draft_ids(), start=1),
+        loss, weights = self.token_loss(logq, p, top, mask)  # 3. [b, A, B] each
+        total = (loss * weights).sum()
+        return StepOutput(loss=total, metrics=slot_metrics(logq, loss, top, mask, self.draft_ids(), start=1),
                           num_tokens=int(mask.sum()))
 
     # ------------------------------------------------------------------ inference
@@ -451,7 +477,10 @@ class BlockProposer:
         block = torch.full((1, d.block_size), d.mask_token_id, dtype=torch.long, device=dev)
         block[0, 0] = context[-1]
         pos = torch.arange(self.committed, self.committed + d.block_size, device=dev).view(1, -1)
-        return d.block_hidden(block, pos, self.ctx_kv)[0]  # no mask: the block sees all context
+        ctx_kv = self.ctx_kv
+        if d.cfg.sliding_window is not None:  # the newest sliding_window context features only (as training's mask)
+            ctx_kv = [(k[:, :, -d.cfg.sliding_window:], v[:, :, -d.cfg.sliding_window:]) for k, v in ctx_kv]
+        return d.block_hidden(block, pos, ctx_kv)[0]  # no mask: the block sees all of that context
 
     def block_logits(self, context: torch.Tensor) -> torch.Tensor:
         """-> [B, dv] the backbone's draft logits of that block."""

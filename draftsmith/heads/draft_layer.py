@@ -20,8 +20,12 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 from draftsmith import packing
 
 
-def draft_layer_config(target_config, num_heads=None, num_kv_heads=None, intermediate_size=None):
-    """A LlamaConfig for one draft layer with the target's width, rope and norm settings."""
+def draft_layer_config(target_config, num_heads=None, num_kv_heads=None, intermediate_size=None, head_dim=None,
+                       sliding_window=None):
+    """A LlamaConfig for one draft layer with the target's width, rope and norm settings. Heads, kv heads,
+    head_dim and intermediate size default to the target's (head_dim may differ from hidden / heads: the
+    q/k/v projections map to heads * head_dim and o_proj back to the hidden size); sliding_window: each
+    query sees keys at most sliding_window - 1 positions back (None: full attention)."""
     from transformers import LlamaConfig
 
     from draftsmith.archs import draft_rope
@@ -29,9 +33,13 @@ def draft_layer_config(target_config, num_heads=None, num_kv_heads=None, interme
     tc = target_config
     heads = num_heads or tc.num_attention_heads
     kv_heads = num_kv_heads or getattr(tc, "num_key_value_heads", None) or heads
-    head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+    head_dim = head_dim or getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+    if tc.hidden_size % heads:  # transformers' LlamaConfig (and every engine config reader built on it) refuses it
+        raise ValueError(f"drafter.num_heads {heads}: the target's hidden size {tc.hidden_size} must be a multiple of the "
+                         "draft layer's head count (transformers' LlamaConfig checks it, so no engine could load the "
+                         "export); widen the heads with drafter.head_dim instead")
     rope = draft_rope(tc)  # the target's rope schedule (full-attention layers'), whole-head rotary
-    return LlamaConfig(
+    return _with_window(LlamaConfig(
         hidden_size=tc.hidden_size,
         intermediate_size=intermediate_size or tc.intermediate_size,
         num_attention_heads=heads,
@@ -45,7 +53,35 @@ def draft_layer_config(target_config, num_heads=None, num_kv_heads=None, interme
         hidden_act=getattr(tc, "hidden_act", "silu"),
         attention_bias=False,
         mlp_bias=False,
-    )
+    ), sliding_window)
+
+
+def _with_window(config, sliding_window):
+    """The draft layer's attention window rides on its config (DraftAttention reads it); LlamaConfig has no
+    such field, so it is set as a plain attribute (None: full attention)."""
+    config.draft_sliding_window = sliding_window
+    return config
+
+
+def layer_shape_problems(cfg) -> list[str]:
+    """The draft layer's shape options that cannot build a layer (a drafter Config with num_heads,
+    num_kv_heads and head_dim; None copies the target's)."""
+    out = []
+    head_dim = getattr(cfg, "head_dim", None)
+    if head_dim is not None and head_dim % 2:
+        out.append(f"drafter.head_dim: must be even (rope rotates pairs of dimensions), got {head_dim}")
+    if cfg.num_heads and cfg.num_kv_heads and cfg.num_heads % cfg.num_kv_heads:
+        out.append(f"drafter.num_heads {cfg.num_heads} must be a multiple of drafter.num_kv_heads {cfg.num_kv_heads} "
+                   "(grouped-query attention)")
+    return out
+
+
+def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor | None:
+    """[n] query positions, [L] key positions -> [n, L] bool: key within the window (q - k < window);
+    None without a window. Causality is the caller's mask."""
+    if window is None:
+        return None
+    return (q_pos[:, None] - k_pos[None, :]) < window
 
 
 class KVCache:
@@ -54,6 +90,7 @@ class KVCache:
     def __init__(self):
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
+        self.pos: torch.Tensor | None = None  # [L] the position of each entry (a sliding window reads them)
         # Tree drafting (eval/tree.py) sets the next forward's attention [n, total] (True = attend)
         # in place of the causal one; it is used once.
         self.next_mask: torch.Tensor | None = None
@@ -61,7 +98,11 @@ class KVCache:
     def __len__(self) -> int:
         return 0 if self.k is None else self.k.shape[2]
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def append(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v [1, KV, n, d]; pos [n] their positions (None: the next n entry indices)."""
+        if pos is None:
+            pos = torch.arange(len(self), len(self) + k.shape[2], device=k.device)
+        self.pos = pos if self.pos is None else torch.cat([self.pos, pos.to(self.pos.device)])
         self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
         self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
         return self.k, self.v
@@ -69,7 +110,7 @@ class KVCache:
     def crop(self, length: int) -> None:
         """Keep the first `length` entries (the rollback after a rejection)."""
         if self.k is not None:
-            self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
+            self.k, self.v, self.pos = self.k[:, :, :length], self.v[:, :, :length], self.pos[:length]
 
 
 class DraftAttention(nn.Module):
@@ -82,6 +123,7 @@ class DraftAttention(nn.Module):
         self.k_proj = nn.Linear(input_size, self.num_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(input_size, self.num_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        self.window = getattr(config, "draft_sliding_window", None)  # drafter.sliding_window; None: full attention
         self.ttt_impl = "auto"  # TTT attention kernel (see ttt_attention); train.ttt_attention sets it
         self.ttt_chunk = 256  # query block of the chunked kernel
 
@@ -100,14 +142,17 @@ class DraftAttention(nn.Module):
         b, _, n, _ = o.shape
         return self.o_proj(o.transpose(1, 2).reshape(b, n, -1))  # [b, H, n, d] -> [b, n, h]
 
-    def forward_cached(self, x, cos, sin, cache: KVCache) -> torch.Tensor:
-        """Inference: the n new positions attend to the whole cache and causally to each other."""
+    def forward_cached(self, x, cos, sin, cache: KVCache, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Inference: the n new positions attend to the whole cache and causally to each other (with a
+        sliding window: only to keys less than `window` positions back). positions [1, n] (None: entry indices)."""
         q, k, v = self.project(x, cos, sin)
-        keys, values = cache.append(k, v)
+        keys, values = cache.append(k, v, None if positions is None else positions[0])
         n, total = q.shape[2], keys.shape[2]
         mask = torch.ones(n, total, dtype=torch.bool, device=x.device).tril(diagonal=total - n)
         if cache.next_mask is not None:
             mask, cache.next_mask = cache.next_mask.to(x.device), None  # [n, total] tree mask
+        if self.window is not None:
+            mask = mask & window_mask(cache.pos[total - n:], cache.pos, self.window)  # [n, total]
         o = torch.nn.functional.scaled_dot_product_attention(q, self._expand(keys), self._expand(values), attn_mask=mask)
         return self._out(o)
 
@@ -128,7 +173,8 @@ class DraftAttention(nn.Module):
         """The pure form of forward_ttt (no list mutation, so it can be recomputed under
         checkpointing): -> (attention output [b, n, h], this step's k, v [b, KV, n, d])."""
         q, k, v = self.project(x, cos, sin)
-        o = ttt_attention(q, [*prior, (k, v)], documents, 1.0 / math.sqrt(self.head_dim), self.ttt_impl, self.ttt_chunk)
+        o = ttt_attention(q, [*prior, (k, v)], documents, 1.0 / math.sqrt(self.head_dim), self.ttt_impl, self.ttt_chunk,
+                          self.window)
         return self._out(o), k, v
 
 
@@ -136,26 +182,36 @@ class DraftAttention(nn.Module):
 TTT_IMPLS = ("auto", "eager", "chunked", "flex")
 
 
-def ttt_attention(q, kv: list, documents, scale: float, impl: str = "auto", chunk: int = 256) -> torch.Tensor:
+def ttt_attention(q, kv: list, documents, scale: float, impl: str = "auto", chunk: int = 256,
+                  window: int | None = None) -> torch.Tensor:
     """EAGLE-3 TTT attention (Li et al. 2025, sec. 3) of step t = len(kv) - 1.
 
     q [b, H, n, d]; kv[s] = (k, v) [b, KV, >= n, d] of steps 0..t (the last is this step's);
     documents [b, >= n] or None. Query j sees step-0 keys i <= j of its document and the keys
     of steps 1..t at position j. -> o [b, H, n, d].
 
+    window (drafter.sliding_window; None: full): query j of step t sits at position j + t, step-0 key i at
+    position i and step s's key at position j + s (as in the loop's KV cache), so it keeps the keys less than
+    `window` positions back: step-0 keys with j - i < window - t, chain keys of steps s > t - window.
+
     impl: "eager" (today's reference: the full [b, H, n, n + t] fp32 scores, kept for backward),
     "chunked" (query blocks of `chunk`, each recomputed in backward: peak O(chunk * n) scores),
     "flex" (flex_attention with a block mask over [k_0; ...; k_t]; fused when compiled, on GPU),
     "auto" (flex on CUDA, chunked elsewhere). All equal in fp32 (tests/unit/test_ttt_attention.py).
     """
+    prefix_window = None
+    if window is not None:
+        t = len(kv) - 1
+        kv = [kv[0], *(kv[s] for s in range(1, t + 1) if t - s < window)]
+        prefix_window = window - t  # step-0 keys i with j - i < prefix_window (none when <= 0)
     if impl == "auto":
         impl = "flex" if q.is_cuda else "chunked"
     if impl == "eager":
-        return _ttt_eager(q, kv, documents, scale)
+        return _ttt_eager(q, kv, documents, scale, prefix_window)
     if impl == "chunked":
-        return _ttt_chunked(q, kv, documents, scale, chunk)
+        return _ttt_chunked(q, kv, documents, scale, chunk, prefix_window)
     if impl == "flex":
-        return _ttt_flex(q, kv, documents, scale)
+        return _ttt_flex(q, kv, documents, scale, prefix_window)
     raise ValueError(f"TTT attention {impl!r} is not one of {TTT_IMPLS}")
 
 
@@ -163,7 +219,7 @@ def _expand(t: torch.Tensor, heads: int) -> torch.Tensor:
     return t.repeat_interleave(heads // t.shape[1], dim=1)  # [b, KV, L, d] -> [b, H, L, d]
 
 
-def _ttt_eager(q, kv, documents, scale):
+def _ttt_eager(q, kv, documents, scale, prefix_window=None):
     """Today's implementation: one softmax over [b, H, n, n + t] fp32 scores."""
     n, heads = q.shape[2], q.shape[1]
     # 1. causal scores against the step-0 keys (the real prefix)
@@ -173,6 +229,8 @@ def _ttt_eager(q, kv, documents, scale):
         causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
     else:
         causal = packing.same_document_causal(documents, n)  # [b, 1, n, n]
+    if prefix_window is not None:  # key i only when j - i < prefix_window
+        causal = causal & torch.ones(n, n, dtype=torch.bool, device=q.device).triu(diagonal=1 - prefix_window)
     prefix = prefix.masked_fill(~causal, float("-inf"))
     # 2. one score per earlier chain step s = 1..t at the same position (the diagonal)
     chain_v = [_expand(sv[:, :, :n], heads) for _, sv in kv[1:]]
@@ -185,7 +243,7 @@ def _ttt_eager(q, kv, documents, scale):
     return o
 
 
-def _ttt_block(start: int, scale: float, q, k0, v0, doc_q, doc_k, *chain):
+def _ttt_block(start: int, scale: float, prefix_window, q, k0, v0, doc_q, doc_k, *chain):
     """Queries [start, start + B) against step-0 keys [0, e) (e = start + B: causality ends there)
     and their own chain keys; grouped heads without expanding k/v. -> [b, H, B, d]."""
     b, heads, B, d = q.shape
@@ -193,6 +251,8 @@ def _ttt_block(start: int, scale: float, q, k0, v0, doc_q, doc_k, *chain):
     qg = q.reshape(b, kvh, heads // kvh, B, d)  # [b, H, B, d] -> [b, KV, G, B, d]
     scores = torch.matmul(qg, k0[:, :, None].transpose(-1, -2)) * scale  # [b, KV, G, B, e]
     allowed = torch.ones(B, e, dtype=torch.bool, device=q.device).tril(diagonal=start)  # key i <= query start + r
+    if prefix_window is not None:  # and start + r - i < prefix_window
+        allowed = allowed & torch.ones(B, e, dtype=torch.bool, device=q.device).triu(diagonal=start + 1 - prefix_window)
     if doc_q is not None:
         allowed = allowed & (doc_q[:, :, None] == doc_k[:, None, :])[:, None, None]  # [b, 1, 1, B, e]
     scores = scores.masked_fill(~allowed, float("-inf"))
@@ -205,7 +265,7 @@ def _ttt_block(start: int, scale: float, q, k0, v0, doc_q, doc_k, *chain):
     return o.reshape(b, heads, B, d)
 
 
-def _ttt_chunked(q, kv, documents, scale, chunk):
+def _ttt_chunked(q, kv, documents, scale, chunk, prefix_window=None):
     """Query blocks; with gradients each block runs under activation checkpointing, so backward
     keeps only its inputs (views of q, k, v) and recomputes one block's scores at a time."""
     from torch.utils.checkpoint import checkpoint
@@ -219,7 +279,7 @@ def _ttt_chunked(q, kv, documents, scale, chunk):
         e = min(n, a + chunk)
         doc_q = None if documents is None else documents[:, a:e]
         doc_k = None if documents is None else documents[:, :e]
-        args = (a, scale, q[:, :, a:e], k0[:, :, :e], v0[:, :, :e], doc_q, doc_k, *[c[:, :, a:e] for c in chain])
+        args = (a, scale, prefix_window, q[:, :, a:e], k0[:, :, :e], v0[:, :, :e], doc_q, doc_k, *[c[:, :, a:e] for c in chain])
         outs.append(checkpoint(_ttt_block, *args, use_reentrant=False) if grad else _ttt_block(*args))
     return torch.cat(outs, dim=2)  # n/chunk x [b, H, B, d] -> [b, H, n, d]
 
@@ -227,7 +287,7 @@ def _ttt_chunked(q, kv, documents, scale, chunk):
 _FLEX = {}
 
 
-def _ttt_flex(q, kv, documents, scale):
+def _ttt_flex(q, kv, documents, scale, prefix_window=None):
     """flex_attention over the keys of all steps [k_0; k_1; ...; k_t] (length (t + 1) n) with a
     block mask: step-0 keys causal (and same document), step s >= 1 keys only at the query's own
     position. Compiled on CUDA (fused, no score tensor); eager elsewhere (for parity tests)."""
@@ -244,6 +304,8 @@ def _ttt_flex(q, kv, documents, scale):
     def mask_mod(bi, h, qi, ki):
         step, i = ki // n, ki % n
         prefix = (step == 0) & (i <= qi)
+        if prefix_window is not None:
+            prefix = prefix & (qi - i < prefix_window)
         if docs is not None:
             prefix = prefix & (docs[bi, qi] == docs[bi, i])
         return prefix | ((step > 0) & (i == qi))
@@ -275,9 +337,11 @@ class DraftDecoderLayer(nn.Module):
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.gradient_checkpointing = False  # train.gradient_checkpointing: recompute TTT steps in backward
 
-    def forward(self, attn_input, residual, cos, sin, cache: KVCache | None = None, step_kv=None, documents=None):
+    def forward(self, attn_input, residual, cos, sin, cache: KVCache | None = None, step_kv=None, documents=None,
+                positions: torch.Tensor | None = None):
+        """positions [1, n] of the new entries (cached path; a sliding window reads them)."""
         if cache is not None:
-            hidden = residual + self.self_attn.forward_cached(attn_input, cos, sin, cache)
+            hidden = residual + self.self_attn.forward_cached(attn_input, cos, sin, cache, positions)
             return hidden + self.mlp(self.post_attention_layernorm(hidden))
         flat = [t for kv in step_kv for t in kv]
         if self.gradient_checkpointing and torch.is_grad_enabled():

@@ -118,7 +118,7 @@ class DSparkDrafter(BlockDrafting, Drafter):
 
         1. anchors and blocks as DFlash (one forward for all blocks);
         2. slot i's previous token is the ground truth x_{p+i} (teacher forcing); Markov bias and confidence;
-        3. token loss: forward KL(p || q) weighted by exp(-i / gamma);
+        3. token loss: forward KL(p || q) weighted by exp(-i / gamma) (loss=dpace: CE on the argmax, D-PACE weights);
         4. confidence loss: BCE(c_i, 1 - TV(q_i, p_i)) with the same weights, times confidence_weight;
         both summed over loss tokens (the caller normalises, see StepOutput).
         """
@@ -131,12 +131,12 @@ class DSparkDrafter(BlockDrafting, Drafter):
         logq = torch.log_softmax(logits.float(), dim=-1)  # [b, A, B, dv]
         p, top, mask = self.labels(batch, anchors, ok)
         w = mask * self.slot_weights(mask.device)
-        kl = (p * (torch.log(p.clamp_min(1e-20)) - logq)).sum(-1)  # 3. [b, A, B]
+        token, token_w = self.token_loss(logq, p, top, mask)  # 3. [b, A, B]: KL (decay w) or CE (D-PACE weights)
         with torch.no_grad():
             accept = torch.minimum(p, logq.exp()).sum(-1)  # 4. 1 - TV(q, p): the exact acceptance probability
         bce = nn.functional.binary_cross_entropy_with_logits(conf.float(), accept, reduction="none")
-        total = (kl * w).sum() + self.cfg.confidence_weight * (bce * w).sum()
-        metrics = slot_metrics(logq, kl, top, mask, self.draft_ids(), start=0)
+        total = (token * token_w).sum() + self.cfg.confidence_weight * (bce * w).sum()  # confidence: fixed decay
+        metrics = slot_metrics(logq, token, top, mask, self.draft_ids(), start=0)
         with torch.no_grad():
             denom = mask.sum().clamp_min(1.0)
             metrics["confidence_abs_error"] = float(((conf.float().sigmoid() - accept).abs() * mask).sum() / denom)

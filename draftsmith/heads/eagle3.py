@@ -31,7 +31,7 @@ from draftsmith import packing
 from draftsmith.bounds import MAX_DRAFT_TOKENS  # k per round: no engine verifies more
 from draftsmith.heads import vocab_loss
 from draftsmith.heads.base import DRAFTERS, Drafter, StepOutput, range_problems
-from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, rotary
+from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, layer_shape_problems, rotary
 from draftsmith.heads.proposing import FeatureChainProposer
 from draftsmith.heads.shared import Frozen, aux_layer_problems, draft_vocabulary, resolve_aux_layer_ids
 from draftsmith.sampling import logits_to_probs
@@ -58,10 +58,15 @@ class Eagle3Drafter(Drafter):
         # Loss weight of unroll step t is step_decay ** t (later steps matter less; with the other
         # defaults 0.8 beat 1.0 by 0.05 tau on stories260K, docs/benchmarks.md "EAGLE-3 ablation").
         step_decay: float = 0.8
-        # Draft layer shape; None copies the target's.
+        # Draft layer shape; None copies the target's. head_dim may differ from the target's (Model Optimizer's
+        # default EAGLE-3 layer: 32 heads x 128, 8 kv heads, intermediate 14336, whatever the target).
         num_heads: Optional[int] = None
         num_kv_heads: Optional[int] = None
+        head_dim: Optional[int] = None
         intermediate_size: Optional[int] = None
+        # Attention window of the draft layer: a query at position q sees keys at positions > q - sliding_window
+        # (in training's TTT unroll and in the loop's KV cache alike); null: full attention.
+        sliding_window: Optional[int] = None
         # The attention residual is the normed hidden state instead of the raw one (speculators'
         # norm_before_residual; vLLM reads it, SGLang and TensorRT-LLM cannot run it). No measured gain,
         # so off: every engine can serve the default.
@@ -97,9 +102,9 @@ class Eagle3Drafter(Drafter):
             """Ranges `config.load` and `draftsmith validate` report (one message per bad option)."""
             out = range_problems(self, {"ttt_steps": f">= 1 and <= {MAX_DRAFT_TOKENS}", "step_decay": "> 0 and <= 1", "draft_vocab_size": ">= 2",
                                         "num_heads": ">= 1", "num_kv_heads": ">= 1", "intermediate_size": ">= 1",
-                                        "aux_layer_ids": ">= 0", "hard_label_weight": ">= 0 and <= 1",
+                                        "head_dim": ">= 2", "sliding_window": ">= 1", "aux_layer_ids": ">= 0", "hard_label_weight": ">= 0 and <= 1",
                                         "init_std": "> 0", "feature_noise": ">= 0", "loss_chunk": ">= 1"})
-            out += aux_layer_problems(self.aux_layer_ids)
+            out += aux_layer_problems(self.aux_layer_ids) + layer_shape_problems(self)
             if self.freeze_lm_head and self.lm_head_init != "target":
                 out.append("drafter.freeze_lm_head needs drafter.lm_head_init=target (a frozen random head learns nothing)")
             return out
@@ -135,7 +140,8 @@ class Eagle3Drafter(Drafter):
         # A checkpoint may predate the aux rule (id == num_layers was accepted then): rebuild it as trained.
         # Training refuses such ids before it gets here (heads.check_for_training -> feature_layers_for).
         aux = resolve_aux_layer_ids(cfg.aux_layer_ids, target.num_layers, saved_before_the_rule=True)
-        layer_cfg = draft_layer_config(target.config, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size)
+        layer_cfg = draft_layer_config(target.config, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size,
+                                       cfg.head_dim, cfg.sliding_window)
         V = target.vocab_size
         d2t, t2d = draft_vocabulary(cfg.draft_vocab_size, V, token_counts)
         drafter = cls(cfg, layer_cfg, aux, d2t.shape[0], V, target.embed_tokens)
@@ -173,7 +179,7 @@ class Eagle3Drafter(Drafter):
         attn_input = torch.cat([layer.input_layernorm(emb), normed], dim=-1)  # -> [b, n, 2h]
         residual = normed if self.cfg.norm_before_residual else hidden
         cos, sin = self.rotary(hidden, positions)
-        out = layer(attn_input, residual, cos, sin, cache=cache, step_kv=step_kv, documents=documents)
+        out = layer(attn_input, residual, cos, sin, cache=cache, step_kv=step_kv, documents=documents, positions=positions)
         return self.norm(out) if self.cfg.norm_output else out
 
     def logits(self, state: torch.Tensor) -> torch.Tensor:

@@ -63,10 +63,13 @@ class PEagleDrafter(Drafter):
         num_heads: Optional[int] = None
         num_kv_heads: Optional[int] = None
         intermediate_size: Optional[int] = None
+        # Attention window: an element at position q sees keys at positions > q - sliding_window (training's
+        # one-forward mask and the loop's KV cache alike); null: full attention.
+        sliding_window: Optional[int] = None
 
         def problems(self) -> list[str]:
             """Ranges `config.load` and `draftsmith validate` report (one message per bad option)."""
-            return range_problems(self, {"num_depths": f">= 1 and <= {MAX_DRAFT_TOKENS}", "down_sample_ratio": "> 0 and <= 1", "down_sample_ratio_min": "> 0 and <= 1", "mask_token_id": ">= 0", "draft_vocab_size": ">= 2", "num_heads": ">= 1", "num_kv_heads": ">= 1", "intermediate_size": ">= 1", "aux_layer_ids": ">= 0"}) + aux_layer_problems(self.aux_layer_ids)
+            return range_problems(self, {"num_depths": f">= 1 and <= {MAX_DRAFT_TOKENS}", "down_sample_ratio": "> 0 and <= 1", "down_sample_ratio_min": "> 0 and <= 1", "mask_token_id": ">= 0", "draft_vocab_size": ">= 2", "num_heads": ">= 1", "num_kv_heads": ">= 1", "intermediate_size": ">= 1", "sliding_window": ">= 1", "aux_layer_ids": ">= 0"}) + aux_layer_problems(self.aux_layer_ids)
 
     def __init__(self, cfg, layer_config, aux_layer_ids: list[int], draft_vocab_size: int, target_vocab_size: int,
                  mask_token_id: int):
@@ -104,7 +107,8 @@ class PEagleDrafter(Drafter):
             raise ValueError(f"drafter.down_sample_ratio {cfg.down_sample_ratio} / down_sample_ratio_min "
                              f"{cfg.down_sample_ratio_min}: need 0 < min <= ratio <= 1")
         aux = cls.feature_layers_for(cfg, target)
-        layer_cfg = draft_layer_config(target.config, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size)
+        layer_cfg = draft_layer_config(target.config, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size,
+                                       sliding_window=cfg.sliding_window)
         V = target.vocab_size
         d2t, t2d = draft_vocabulary(cfg.draft_vocab_size, V, token_counts)
         mask = DFlashDrafter.resolve_mask_token(cfg, target)
@@ -137,7 +141,7 @@ class PEagleDrafter(Drafter):
         x = self.layer_input(token_ids, hidden)
         cos, sin = self.rotary(hidden, positions)
         if cache is not None:
-            return layer(x, hidden, cos, sin, cache=cache)
+            return layer(x, hidden, cos, sin, cache=cache, positions=positions)
         attn = layer.self_attn
         q, k, v = attn.project(x, cos, sin)  # [b, H|KV, n, d]
         o = torch.nn.functional.scaled_dot_product_attention(q, attn._expand(k), attn._expand(v), attn_mask=mask)
@@ -206,6 +210,9 @@ class PEagleDrafter(Drafter):
         attend = ((depth[:, None, :] == 0) & (anchor[:, None, :] <= anchor[:, :, None])) \
             | (same & (depth[:, None, :] <= depth[:, :, None]))
         attend = (attend & ok[:, None, :]) | torch.eye(Q, dtype=torch.bool, device=dev)  # [b, Q, Q]
+        if self.cfg.sliding_window is not None:  # keys less than sliding_window positions back (as the cache's)
+            pos = anchor + depth  # [b, Q]
+            attend = attend & ((pos[:, :, None] - pos[:, None, :]) < self.cfg.sliding_window)
         out = self.run(tokens, feats, anchor + depth, mask=attend[:, None])  # 3. [b, Q, h]
         logq = torch.log_softmax(self.logits(out).float(), dim=-1)  # [b, Q, dv]
         label_pos = anchor + depth + 1  # target position whose next token is x_{a+d+2}

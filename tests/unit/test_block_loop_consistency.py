@@ -69,8 +69,9 @@ def as_batch(target, d, seq):
                                       "loss_mask": torch.ones_like(seq)}, set(d.required_features), d.feature_layers())
 
 
+@pytest.mark.parametrize("window", [None, 3], ids=["full", "window3"])
 @pytest.mark.parametrize("cls", [DFlashDrafter, DSparkDrafter, DFlash2Drafter], ids=["dflash", "dspark", "dflash2"])
-def test_loop_drafts_equal_training_forward_at_every_round(cls):
+def test_loop_drafts_equal_training_forward_at_every_round(cls, window):
     target = tiny_target(num_layers=4, hidden=32, seed=0)
     prompt = torch.randint(3, target.vocab_size, (7,), generator=torch.Generator().manual_seed(11))
     base = generate(target, None, prompt, LoopConfig(k=0, max_new_tokens=40))
@@ -78,7 +79,8 @@ def test_loop_drafts_equal_training_forward_at_every_round(cls):
     # a reduced draft vocabulary (d2t not all zeros) that holds the continuation's tokens
     counts = torch.bincount(seq, minlength=target.vocab_size) * 100 + torch.randint(0, 50, (target.vocab_size,))
     torch.manual_seed(1)
-    d = cls.from_target(cls.Config(block_size=4, num_layers=2, draft_vocab_size=100, num_anchors=64), target, counts)
+    d = cls.from_target(cls.Config(block_size=4, num_layers=2, draft_vocab_size=100, num_anchors=64,
+                                   sliding_window=window), target, counts)
     assert bool(d.d2t.any())
     fit = as_batch(target, d, seq[None])  # fit the target's own continuation a little: some drafts get accepted
     opt = torch.optim.Adam(d.trainable_parameters(), lr=1e-2)

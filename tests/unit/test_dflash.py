@@ -16,12 +16,12 @@ from draftsmith.testing import tiny_target
 from tests.helpers import batch_for
 
 
-def make(block_size=4, num_layers=2, draft_vocab_size=100, num_anchors=4, seed=0):
+def make(block_size=4, num_layers=2, draft_vocab_size=100, num_anchors=4, seed=0, **options):
     target = tiny_target(num_layers=4, hidden=32, seed=seed)
     torch.manual_seed(seed + 1)
     counts = torch.randint(0, 50, (target.vocab_size,))
     cfg = DFlashDrafter.Config(block_size=block_size, num_layers=num_layers, draft_vocab_size=draft_vocab_size,
-                               num_anchors=num_anchors, loss_decay_gamma=2.0)
+                               num_anchors=num_anchors, loss_decay_gamma=2.0, **options)
     drafter = DFlashDrafter.from_target(cfg, target, counts)
     with torch.no_grad():  # move away from the init so the reference is not trivially symmetric
         for p in drafter.parameters():
@@ -36,13 +36,15 @@ def reference_block(d, batch, row, p):
 
 
 def reference_hidden(d, batch, row, p):
-    """One block anchored at p, written out: context features of positions < p, explicit key lists,
-    one softmax per query over [context keys, the block's keys]. -> [B, h] after the final norm."""
+    """One block anchored at p, written out: context features of positions < p (with drafter.sliding_window
+    W only positions p - W .. p - 1), explicit key lists, one softmax per query over [context keys, the
+    block's keys]. -> [B, h] after the final norm."""
     B = d.block_size
     ids = batch["input_ids"][row]
-    ctx = d.hidden_norm(d.fc(batch["aux_hidden_states"][row : row + 1, :p]))  # [1, p, h]
+    start = 0 if d.cfg.sliding_window is None else max(0, p - d.cfg.sliding_window)
+    ctx = d.hidden_norm(d.fc(batch["aux_hidden_states"][row : row + 1, start:p]))  # [1, c, h]
     x = d.embed_tokens[0](torch.tensor([[int(ids[p])] + [d.mask_token_id] * (B - 1)]))  # [1, B, h]
-    pos_ctx, pos_blk = torch.arange(p).view(1, -1), torch.arange(p, p + B).view(1, -1)
+    pos_ctx, pos_blk = torch.arange(start, p).view(1, -1), torch.arange(p, p + B).view(1, -1)
     for layer in d.layers:
         a = layer.self_attn
         xn = layer.input_layernorm(x)
@@ -65,17 +67,19 @@ def reference_hidden(d, batch, row, p):
         for i in range(B):
             per_head = []
             for hd in range(a.num_heads):
-                scores = torch.stack([q[0, hd, i] @ keys[hd // rep, j] for j in range(p + B)]) / math.sqrt(a.head_dim)
+                n_keys = keys.shape[1]
+                scores = torch.stack([q[0, hd, i] @ keys[hd // rep, j] for j in range(n_keys)]) / math.sqrt(a.head_dim)
                 w = torch.softmax(scores, 0)
-                per_head.append(sum(w[j] * values[hd // rep, j] for j in range(p + B)))
+                per_head.append(sum(w[j] * values[hd // rep, j] for j in range(n_keys)))
             outs.append(torch.cat(per_head))
         x = x + a.o_proj(torch.stack(outs)[None])
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     return d.norm(x)[0]
 
 
-def test_loss_matches_hand_written_reference():
-    target, d = make()
+@pytest.mark.parametrize("window", [None, 1, 3])
+def test_loss_matches_hand_written_reference(window):
+    target, d = make(sliding_window=window)
     batch = batch_for(target, d)
     d.eval()  # fixed anchors (the held-out generator), same as the reference will read back
     out = d.forward_loss(batch)
@@ -111,8 +115,9 @@ def test_anchors_are_valid_and_many_per_sequence():
     assert all(len(set(anchors[r].tolist())) == 3 for r in range(2))
 
 
-def test_proposer_logits_equal_training_forward():
-    target, d = make()
+@pytest.mark.parametrize("window", [None, 2])
+def test_proposer_logits_equal_training_forward(window):
+    target, d = make(sliding_window=window)
     d.eval()
     ids = torch.randint(3, target.vocab_size, (1, 14), generator=torch.Generator().manual_seed(3))
     batch = features.complete(target, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask":

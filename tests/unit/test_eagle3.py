@@ -58,7 +58,10 @@ def reference_loss(drafter, batch):
                 v = attn.v_proj(x).view(1, 1, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
                 q, k = apply_rotary_pos_emb(q, k, cos, sin)
                 keys[(t, j)] = (k[0, :, 0], v[0, :, 0])
-                visible = [keys[(0, i)] for i in range(j + 1)] + [keys[(u, j)] for u in range(1, t + 1)]
+                # step t at index j sits at position j + t; key (0, i) at i, key (u, j) at j + u
+                W = c.sliding_window if c.sliding_window is not None else 10**9
+                visible = [keys[(0, i)] for i in range(j + 1) if (j + t) - i < W] + \
+                    [keys[(u, j)] for u in range(1, t + 1) if t - u < W]
                 heads = []
                 for hh in range(attn.num_heads):
                     kv = hh // (attn.num_heads // attn.num_kv_heads)
@@ -108,6 +111,10 @@ OPTION_CASES = [
     {"hard_label_weight": 0.3, "draft_vocab_size": 100, "mask_out_of_vocab": True},
     {"mask_out_of_vocab": True, "draft_vocab_size": 100, "step_decay": 0.7},
     {"norm_before_residual": True, "fc_norm": True, "norm_output": True, "init_std": 0.02},
+    {"sliding_window": 1},
+    {"sliding_window": 3},
+    {"sliding_window": 2, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16},
+    {"num_heads": 8, "num_kv_heads": 2, "head_dim": 32, "intermediate_size": 96},
 ]
 
 
@@ -207,11 +214,11 @@ def _commit_round(proposer, target, context, num_new):
                                                    tuple(h[:, -num_new:] for h in out.hidden_states)))
 
 
-@pytest.mark.parametrize("draft_vocab_size", [None, 100])
-def test_proposer_equals_training_unroll(draft_vocab_size):
+@pytest.mark.parametrize("draft_vocab_size,window", [(None, None), (100, None), (None, 2), (100, 4)])
+def test_proposer_equals_training_unroll(draft_vocab_size, window):
     """Eagle3Proposer.propose (KV cache, its own positions) gives the TTT unroll's distributions when
-    the unroll is fed the tokens the proposer drafted."""
-    target, drafter = make(ttt_steps=3, draft_vocab_size=draft_vocab_size)
+    the unroll is fed the tokens the proposer drafted (with a sliding window too: the same keys)."""
+    target, drafter = make(ttt_steps=3, draft_vocab_size=draft_vocab_size, sliding_window=window)
     prompt = torch.randint(3, target.vocab_size, (7,), generator=torch.Generator().manual_seed(3))  # [n]
     j = prompt.shape[0] - 1  # the chain starts after real pairs 0..j
     params = SamplingParams(temperature=1.0)

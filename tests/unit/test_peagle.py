@@ -16,12 +16,12 @@ from draftsmith.testing import tiny_target
 from tests.helpers import batch_for as shared_batch_for
 
 
-def make(num_depths=3, draft_vocab_size=100, seed=0):
+def make(num_depths=3, draft_vocab_size=100, seed=0, **options):
     target = tiny_target(num_layers=4, hidden=32, seed=seed)
     torch.manual_seed(seed + 1)
     counts = torch.randint(0, 50, (target.vocab_size,))
     cfg = PEagleDrafter.Config(num_depths=num_depths, draft_vocab_size=draft_vocab_size, down_sample_ratio=0.6,
-                               down_sample_ratio_min=0.3)
+                               down_sample_ratio_min=0.3, **options)
     drafter = PEagleDrafter.from_target(cfg, target, counts)
     with torch.no_grad():
         for p in drafter.parameters():
@@ -54,7 +54,9 @@ def element_output(d, batch, row, a, depth):
         return q[0, :, 0], k[0, :, 0], v[0, :, 0], h
 
     q, _, _, h = qkv(a, depth)
-    visible = [qkv(j, 0) for j in range(a + 1)] + [qkv(a, e) for e in range(1, depth + 1)]
+    W = d.cfg.sliding_window if d.cfg.sliding_window is not None else 10**9  # keys < W positions back
+    visible = [qkv(j, 0) for j in range(a + 1) if a + depth - j < W] + \
+        [qkv(a, e) for e in range(1, depth + 1) if depth - e < W]
     rep = attn.num_heads // attn.num_kv_heads
     heads = []
     for hd in range(attn.num_heads):
@@ -79,8 +81,9 @@ def test_cod_sampling_nests_and_shrinks():
     assert all(bool(valid[1, a[1][ok[1]]].all()) for a, ok in chains)
 
 
-def test_loss_matches_hand_written_reference():
-    target, d = make()
+@pytest.mark.parametrize("window", [None, 2])
+def test_loss_matches_hand_written_reference(window):
+    target, d = make(sliding_window=window)
     batch = batch_for(target, d)
     d.eval()  # fixed COD draw
     out = d.forward_loss(batch)
@@ -107,8 +110,9 @@ def test_loss_matches_hand_written_reference():
     assert {"acc_0", "acc_1", "acc_2"} <= set(out.metrics)
 
 
-def test_proposer_one_forward_equals_training_elements():
-    target, d = make(num_depths=4)
+@pytest.mark.parametrize("window", [None, 2])
+def test_proposer_one_forward_equals_training_elements(window):
+    target, d = make(num_depths=4, sliding_window=window)
     d.eval()
     ids = torch.randint(3, target.vocab_size, (1, 12), generator=torch.Generator().manual_seed(2))
     batch = features.complete(target, {"input_ids": ids, "attention_mask": torch.ones_like(ids),
