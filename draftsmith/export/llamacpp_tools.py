@@ -142,7 +142,10 @@ class LlamaServer:
     def command(self) -> list[str]:
         cmd = [str(self.tools.server), "-m", str(self.model), "--host", "127.0.0.1", "--port", str(self.port),
                "-t", str(self.threads), "-tb", str(self.threads), "-c", str(self.ctx), "-np", "1",
-               "--no-webui", "--temp", "0"]
+               "--no-webui", "--temp", "0", "--no-repack"]
+        # --no-repack: the vendored build's CPU weight repacking segfaults while loading the Q4_K_M Gemma-3-270M
+        # file on this machine (AVX-512 / AMX CPU; measured 2026-12-01, with and without --no-warmup); without
+        # repacking it serves. Both servers of a comparison run the same kernels, so speedups stay like for like.
         if self.draft is not None:
             cmd += ["-md", str(self.draft), "--spec-type", self.spec_type or "draft-simple",
                     "--spec-draft-n-max", str(self.k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",

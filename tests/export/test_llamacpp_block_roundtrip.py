@@ -11,7 +11,6 @@ DRAFTSMITH_REQUIRE_LLAMA_CPP=1 (set by .ci/run after the install script succeede
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -19,18 +18,6 @@ import pytest
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def tools():
-    from draftsmith.export.llamacpp_tools import LlamaCppMissing, find_llama_cpp
-
-    try:
-        return find_llama_cpp()
-    except LlamaCppMissing as exc:
-        if os.environ.get("DRAFTSMITH_REQUIRE_LLAMA_CPP") == "1":
-            pytest.fail(f"{exc} (DRAFTSMITH_REQUIRE_LLAMA_CPP=1 requires it)")
-        pytest.skip(f"llama.cpp is not installed: {exc}")
 
 
 @pytest.fixture(scope="module")
