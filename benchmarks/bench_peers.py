@@ -351,6 +351,18 @@ def summarize(values: list[float]) -> dict:
             "min": min(values), "max": max(values), "values": values}
 
 
+def measure_check(rows: list[dict]) -> int:
+    """0 when every draftsmith run's teacher-forced tau equals its real-loop tau (within 0.03) and every loop output
+    was lossless; else print the runs that fail and return 1 (the bench's exit status)."""
+    bad = [r for r in rows if "draftsmith_tau" in r
+           and (abs(r["draftsmith_tau"] - r["draftsmith_loop_tau"]) > 0.03 or not r["draftsmith_lossless"])]
+    if bad:
+        print(f"measure check FAILED: teacher-forced and loop tau differ by > 0.03, or the loop was lossy: {bad}")
+        return 1
+    print("measure check: teacher-forced tau equals the real loop's within 0.03, and every output is lossless")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, nargs="+", default=[300])
@@ -419,18 +431,12 @@ def main(argv=None) -> int:
         for key in ("draftsmith_tau", "draftsmith_loop_tau", "speculators_tau"):
             if runs and key in runs[0]:
                 report["summary"][f"{key}@{steps}"] = summarize([r[key] for r in runs])
-    bad = [r for r in rows if "draftsmith_tau" in r
-           and (abs(r["draftsmith_tau"] - r["draftsmith_loop_tau"]) > 0.03 or not r["draftsmith_lossless"])]
     for name, s in report["summary"].items():
         print(f"{name:28s} {s['mean']:.3f} ± {s['std']:.3f}  (min {s['min']:.3f}, max {s['max']:.3f}, n={len(s['values'])})")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1))
-    if bad:
-        print(f"measure check FAILED: teacher-forced and loop tau differ by > 0.03, or the loop was lossy: {bad}")
-        return 1
-    print("measure check: teacher-forced tau equals the real loop's within 0.03, and every output is lossless")
-    return 0
+    return measure_check(rows)
 
 
 if __name__ == "__main__":

@@ -337,13 +337,7 @@ def main(argv=None) -> int:
         tmp = args.out.with_suffix(".tmp")
         tmp.write_text(json.dumps(report, indent=1))
         tmp.replace(args.out)
-    bad = [r for r in rows if "draftsmith_tau" in r
-           and (abs(r["draftsmith_tau"] - r["draftsmith_loop_tau"]) > 0.03 or not r["draftsmith_lossless"])]
-    if bad:
-        print(f"measure check FAILED: teacher-forced and loop tau differ by > 0.03, or the loop was lossy: {bad}")
-        return 1
-    print("measure check: teacher-forced tau equals the real loop's within 0.03, and every output is lossless")
-    return 0
+    return bp.measure_check(rows)
 
 
 if __name__ == "__main__":
