@@ -5,6 +5,9 @@ for draftsmith, and the mean per-position acceptance of the teacher-forced walk.
     python benchmarks/peers_block_table.py benchmarks/results/block-peers/*.json
     python benchmarks/peers_block_table.py --baseline benchmarks/results/block-peers/recipe-300.json \\
         benchmarks/results/block-peers/ablation/*.json        # adds Δ against the baseline's draftsmith mean
+    python benchmarks/peers_block_table.py --pool benchmarks/results/block-peers/tuned-300-*.json
+        # one row per (steps, kind, settings) over every file: the seeds run one file each, pooled, with
+        # draftsmith's τ over the peer's, per seed where both trainers ran it
 """
 from __future__ import annotations
 
@@ -40,11 +43,62 @@ def rows_of(path: Path) -> list[dict]:
     return out
 
 
+def settings_of(report: dict) -> tuple:
+    """What makes two result files one experiment: the draftsmith overrides and the peer's options."""
+    proto = report["protocol"]
+    return (tuple(sorted(proto.get("overrides", []))), proto.get("peer_anchors"), proto.get("peer_loss"))
+
+
+def pooled_rows(paths: list[Path]) -> list[dict]:
+    """Runs of every file grouped by (steps, kind, settings); per trainer the taus and per-position means
+    over the group's seeds, and per seed that both trainers ran, draftsmith's tau over the peer's."""
+    groups: dict[tuple, list[dict]] = {}
+    for path in paths:
+        report = json.loads(path.read_text())
+        for run in report["runs"]:
+            key = (run.get("steps", 300), run["kind"], settings_of(report))
+            groups.setdefault(key, []).append({**run, "file": path.name})
+    out = []
+    for (steps, kind, settings), runs in groups.items():
+        seeds = [r.get("seed") for r in runs]
+        if len(set(seeds)) != len(seeds):
+            raise SystemExit(f"peers_block_table: seed listed twice for {kind} at {steps} steps in {sorted({r['file'] for r in runs})}")
+        row = {"steps": steps, "kind": kind, "overrides": list(settings[0]), "files": sorted({r["file"] for r in runs})}
+        for trainer in ("draftsmith", "speculators"):
+            have = sorted((r for r in runs if f"{trainer}_tau" in r), key=lambda r: r.get("seed"))
+            if have:
+                row[trainer] = {"seeds": [r.get("seed") for r in have], "taus": [r[f"{trainer}_tau"] for r in have],
+                                "pos": [statistics.mean(p) for p in zip(*[r[f"{trainer}_per_position"] for r in have])]}
+        both = sorted((r for r in runs if "draftsmith_tau" in r and "speculators_tau" in r), key=lambda r: r.get("seed"))
+        row["ratios"] = [r["draftsmith_tau"] / r["speculators_tau"] for r in both]
+        out.append(row)
+    return out
+
+
+def print_pooled(paths: list[Path]) -> None:
+    print("| kind | steps | trainer | seeds | τ (k = 5) | per seed | acceptance per position | draftsmith / peer, per seed |")
+    print("|---|---:|---|---|---|---|---|---|")
+    for row in pooled_rows(paths):
+        ratio = " / ".join(f"{x:.2f}x" for x in row["ratios"])
+        if row["ratios"]:
+            ratio = f"{statistics.mean(row['ratios']):.2f}x ({ratio})"
+        for trainer in ("draftsmith", "speculators"):
+            if trainer in row:
+                t = row[trainer]
+                print(f"| {row['kind']} | {row['steps']} | {trainer} | {','.join(map(str, t['seeds']))} | {spread(t['taus'])} "
+                      f"| {' / '.join(f'{x:.3f}' for x in t['taus'])} | {' '.join(f'{p:.2f}' for p in t['pos'])} "
+                      f"| {ratio if trainer == 'draftsmith' else ''} |")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("files", type=Path, nargs="+")
     ap.add_argument("--baseline", type=Path, default=None)
+    ap.add_argument("--pool", action="store_true", help="pool the files' seeds per (steps, kind, settings)")
     args = ap.parse_args(argv)
+    if args.pool:
+        print_pooled(args.files)
+        return 0
     base = {}
     if args.baseline:
         base = {(r["steps"], r["kind"]): r["mean"] for r in rows_of(args.baseline) if r["trainer"] == "draftsmith"}
