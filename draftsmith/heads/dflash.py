@@ -387,6 +387,10 @@ class DFlashDrafter(BlockDrafting, Drafter):
     class Config(BlockConfig):
         """DFlash's options: the block options DSpark shares."""
 
+        # D-PACE since issue 21: +0.11 tau over 3 seeds on bench_peers_block.py's protocol (1.898 against KL's
+        # 1.787 at 300 steps; docs/benchmarks.md, "D-PACE inside draftsmith"); "kl" keeps the earlier loss.
+        loss: Literal["kl", "dpace"] = "dpace"
+
     def __init__(self, cfg, layer_config, aux_layer_ids: list[int], draft_vocab_size: int, target_vocab_size: int,
                  embed_tokens: nn.Embedding, mask_token_id: int):
         super().__init__()

@@ -92,10 +92,13 @@ def test_print_config_resolves_gpu_recipe(capsys):
 
 # Recipes whose training settings changed after their golden losses were recorded: the golden run keeps
 # the settings it was recorded with (issue 21 moved the block drafters' debug recipes to 128 anchors and a
-# constant lr 3e-3; their two-step goldens still pin the old 16 anchors, lr 2e-3, warmup 20 + cosine).
+# constant lr 3e-3; their two-step goldens still pin the old 16 anchors, lr 2e-3, warmup 20 + cosine; it then
+# made D-PACE DFlash's and DSpark's default loss, so their goldens pin the forward KL they were recorded with).
+OLD_BLOCK_LOSS = ["drafter.loss=kl"]
 GOLDEN_SETTINGS = {
-    name: ["drafter.num_anchors=16", "train.lr=2e-3", "train.warmup_steps=20", "train.min_lr_ratio=0.1"]
-    for name in ("dflash-stories260k", "dspark-stories260k")
+    **{name: ["drafter.num_anchors=16", "train.lr=2e-3", "train.warmup_steps=20", "train.min_lr_ratio=0.1"] + OLD_BLOCK_LOSS
+       for name in ("dflash-stories260k", "dspark-stories260k")},
+    **{name: OLD_BLOCK_LOSS for name in ("dflash-pycode-tiny", "dspark-pycode-tiny")},
 }
 
 

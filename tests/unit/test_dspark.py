@@ -17,13 +17,13 @@ from draftsmith.sampling import SamplingParams
 from draftsmith.testing import tiny_target
 
 
-def make(block_size=4, threshold=0.3, seed=0):
+def make(block_size=4, threshold=0.3, seed=0, **options):
     target = tiny_target(num_layers=4, hidden=32, seed=seed)
     torch.manual_seed(seed + 1)
     counts = torch.randint(0, 50, (target.vocab_size,))
     cfg = DSparkDrafter.Config(block_size=block_size, num_layers=2, draft_vocab_size=100, num_anchors=4,
                                loss_decay_gamma=2.0, markov_rank=8, confidence_weight=0.5,
-                               confidence_threshold=threshold)
+                               confidence_threshold=threshold, **options)
     drafter = DSparkDrafter.from_target(cfg, target, counts)
     with torch.no_grad():
         for p in drafter.parameters():
@@ -32,7 +32,7 @@ def make(block_size=4, threshold=0.3, seed=0):
 
 
 def test_loss_matches_hand_written_reference():
-    target, d = make()
+    target, d = make(loss="kl")  # the forward KL written out below (the default is D-PACE: test_dpace.py)
     batch = batch_for(target, d)
     d.eval()
     out = d.forward_loss(batch)
