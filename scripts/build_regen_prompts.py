@@ -4,7 +4,7 @@ Prompts: first user turns from the shared corpora (../shared/data): HumanEval, G
 the Vicuna bench, Alpaca, Spec-Bench, LIMA and the DPO demo conversations. Rows of the SAME benchmark
 files as the evaluation workloads are used, except the evaluation prompts themselves: the first
 --holdout prompts of every workload (humaneval, gsm8k, mt_bench, alpaca and each spec_bench task, as
-`workloads.load` picks them) are dropped by text wherever they occur (draftsmith/data/heldout.py).
+`workloads.load` picks them) are dropped by text wherever they occur (draftsmith/eval/heldout.py).
 pretrain_text is not used (documents, no turn to answer). Rows are written shortest first so that a
 regeneration batch pads little. Output: JSONL {"id", "source", "messages": [{"role": "user", ...}]}.
 
@@ -23,8 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from draftsmith.data import heldout  # noqa: E402
-from draftsmith.eval import workloads  # noqa: E402
+from draftsmith.eval import heldout, workloads  # noqa: E402
 
 EVAL_WORKLOADS = ("humaneval", "gsm8k", "mt_bench", "alpaca", "spec_bench")
 # source -> how many rows to take at most (after hold-out), in file order

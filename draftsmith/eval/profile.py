@@ -294,8 +294,9 @@ def run(path: str | Path, workload_names: list[str] = ("mt_bench", "gsm8k"), k_m
                           for B in batches for k in range(k_max + 1)]
         if validate:
             k_val = max(1, recs[name]["best_k_by_batch"][str(min(batches))]["k"])
+            # the measured runs take the prompts in the format the acceptance above was measured in
             s = runner.EvalSettings(k=k_val, max_new_tokens=max_new_tokens, num_prompts=num_prompts,
-                                    warmup=1, seed=0, check_lossless=False)
+                                    warmup=1, seed=0, check_lossless=False, prompt_format=prompt_format)
             for row in runner.run_batched(target, proposer, name, s, validate):
                 p = predict(acc, table, row["batch_size"], k_val, ctx)["speedup"]
                 m = row["decode_speedup"]

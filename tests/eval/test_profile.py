@@ -54,7 +54,7 @@ def test_costly_drafts_do_not_pay_and_summary_says_so():
     assert "speculation does not pay here" in text
 
 
-def test_profile_cli_then_export_copies_it(tmp_path):
+def test_profile_cli_then_export_copies_it(tmp_path, monkeypatch):
     from draftsmith import checkpoint
     from draftsmith import config as config_mod
     from draftsmith import target as target_mod
@@ -69,6 +69,16 @@ def test_profile_cli_then_export_copies_it(tmp_path):
     checkpoint.save(ckpt, drafter, target, cfg, step=0)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "prompt": "Once upon a time"}\n{"id": "b", "prompt": "Lily saw a big"}\n')
+    from draftsmith.eval import runner
+
+    validated_formats = []
+    run_batched = runner.run_batched
+
+    def recording_run_batched(target, proposer, name, s, batch_sizes, **kw):
+        validated_formats.append(s.prompt_format)
+        return run_batched(target, proposer, name, s, batch_sizes, **kw)
+
+    monkeypatch.setattr(runner, "run_batched", recording_run_batched)
     rc = cli_main(["profile", str(ckpt), "--workloads", f"jsonl:{prompts}", "--k-max", "2", "--batches", "1,2",
                    "--contexts", "16,32", "--repeats", "1", "--num-prompts", "2", "--max-new-tokens", "6",
                    "--overhead-batch", "2", "--validate-batches", "2"])
@@ -76,6 +86,7 @@ def test_profile_cli_then_export_copies_it(tmp_path):
     prof = json.loads((ckpt / profile.PROFILE_FILE).read_text())
     assert prof["schema"] == profile.SCHEMA
     assert prof["settings"]["prompt_format"] == "plain"  # as eval: the format the drafter trained on (Alpaca chat)
+    assert validated_formats == ["plain"]  # the validation runs are prompted as the acceptance run was
     assert {(r["batch"], r["width"], r["context"]) for r in prof["verify_cost"]} == \
         {(B, w, c) for B in (1, 2) for w in (1, 2, 3) for c in (16, 32)}
     assert [c["batch"] for c in prof["validation"]] == [2] and prof["validation_error"]["mean_abs_relative"] >= 0

@@ -1,4 +1,4 @@
-"""Evaluation prompts are held out of the regeneration prompts by text (draftsmith/data/heldout.py,
+"""Evaluation prompts are held out of the regeneration prompts by text (draftsmith/eval/heldout.py,
 scripts/build_regen_prompts.py): the first N of every workload, wherever a copy of one sits
 (Spec-Bench copies MT-bench and GSM8K questions), while later rows of the same files are used."""
 from __future__ import annotations
@@ -8,8 +8,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from draftsmith.data import heldout
-from draftsmith.eval import workloads
+from draftsmith.eval import heldout, workloads
 
 ROOT = Path(__file__).resolve().parents[2]
 
