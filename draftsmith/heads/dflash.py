@@ -355,8 +355,10 @@ class BlockConfig:
     # Token loss: "kl" = forward KL(p || q) to the target's distribution, slot i weighted by the fixed decay
     # above; "dpace" = cross-entropy on the target's argmax weighted by D-PACE (heads/dpace.py: the draft's own
     # detached confidences, aiming at the expected accepted block length; speculators' and Model Optimizer's
-    # DFlash default; loss_decay_gamma is then unused for the tokens).
-    loss: Literal["kl", "dpace"] = "kl"
+    # DFlash default; loss_decay_gamma is then unused for the tokens). D-PACE since issue 21: over 3 seeds on
+    # bench_peers_block.py's protocol at 300 steps, DFlash 1.898 against KL's 1.787 and DSpark 2.238 against
+    # 2.100 (docs/benchmarks.md, "D-PACE inside draftsmith"); DFlash 2 keeps "kl" (not measured with D-PACE).
+    loss: Literal["kl", "dpace"] = "dpace"
     # D-PACE's smoothing alpha in (0, 1]: s_i = (1 - alpha) q_i + alpha (all three peers: 0.5).
     dpace_alpha: float = 0.5
     # Attention window: a block anchored at p sees the context features of the sliding_window positions
@@ -385,11 +387,7 @@ class DFlashDrafter(BlockDrafting, Drafter):
 
     @dataclass
     class Config(BlockConfig):
-        """DFlash's options: the block options DSpark shares."""
-
-        # D-PACE since issue 21: +0.11 tau over 3 seeds on bench_peers_block.py's protocol (1.898 against KL's
-        # 1.787 at 300 steps; docs/benchmarks.md, "D-PACE inside draftsmith"); "kl" keeps the earlier loss.
-        loss: Literal["kl", "dpace"] = "dpace"
+        """DFlash's options: the block options DSpark and DFlash 2 share (BlockConfig's defaults)."""
 
     def __init__(self, cfg, layer_config, aux_layer_ids: list[int], draft_vocab_size: int, target_vocab_size: int,
                  embed_tokens: nn.Embedding, mask_token_id: int):

@@ -20,10 +20,11 @@ purely parallel block draft loses, both still inside ONE backbone forward per ro
 
 Training (speculators 0.9.0 models/dflash2/core.py and metrics.py, written anew here), numbered in
 forward_loss: DFlash's anchors and blocks; unary loss = forward KL to the target's distribution with
-DFlash's slot weights exp(-(i - 1) / gamma); selector loss = K-way cross entropy of the target's argmax
-among the unary top-K, teacher-forced (the previous token is the ground truth x_{p+i-1}); when the argmax
-is not among them it replaces the K-th candidate (training only; serving keeps the unary top-K); same
-slot weights; total = unary + selector_weight * selector.
+DFlash's slot weights exp(-(i - 1) / gamma) (or, with drafter.loss=dpace, DFlash's D-PACE); selector
+loss = K-way cross entropy of the target's argmax among the unary top-K, teacher-forced (the previous
+token is the ground truth x_{p+i-1}); when the argmax is not among them it replaces the K-th candidate
+(training only; serving keeps the unary top-K); the fixed slot weights; total = unary + selector_weight
+* selector.
 
 Slots as DFlash (sample_from_anchor = false, which speculators and the engines require for DFlash 2):
 slot 0 is the anchor, slot i = 1..B-1 predicts x_{p+i}. Tensor names follow z-lab's / speculators':
@@ -38,6 +39,7 @@ Qwen3.5-4B target): GSM8K MTP 4.78, DFlash 4.99, DSpark 5.69, DFlash 2 6.20; MAT
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -168,6 +170,9 @@ class DFlash2Drafter(BlockDrafting, Drafter):
         selector_top_k: int = 16
         # Weight of the selector's K-way cross entropy (speculators' selector_loss_alpha).
         selector_weight: float = 1.0
+        # Unary token loss: "kl" (forward KL, fixed decay; what DFlash 2 was measured with) or "dpace" (as
+        # DFlash's default); the selector's cross entropy keeps the fixed decay either way.
+        loss: Literal["kl", "dpace"] = "kl"
 
         def problems(self) -> list[str]:
             found = super().problems() + range_problems(self, {
@@ -209,11 +214,13 @@ class DFlash2Drafter(BlockDrafting, Drafter):
 
         1. anchors and blocks as DFlash: one backbone forward (with its convolutions) for all blocks;
         2. unary loss: forward KL(p || q) of each slot against the target's distribution, weighted by
-           exp(-(i - 1) / gamma) (slot 0, the anchor, weighs 0);
+           exp(-(i - 1) / gamma) (slot 0, the anchor, weighs 0); with loss=dpace, CE on the target's argmax
+           weighted by D-PACE (DFlash's token_loss);
         3. selector candidates: the unary top-K, the target's argmax (over the draft vocabulary) put in the
            K-th place where it is missing;
         4. teacher forcing: slot i's previous token is the ground truth x_{p+i-1} (the anchor for slot 1);
-        5. selector loss: cross entropy of the argmax's place among the K scores S_i(prev, c), same weights;
+        5. selector loss: cross entropy of the argmax's place among the K scores S_i(prev, c), weighted by
+           the fixed decay of 2.;
         total = unary + selector_weight * selector, summed over loss tokens (the caller normalises).
         """
         ids = batch["input_ids"]
@@ -223,15 +230,15 @@ class DFlash2Drafter(BlockDrafting, Drafter):
         logq = torch.log_softmax(unary.float(), dim=-1)
         p, top, mask = self.labels(batch, anchors, ok)
         w = mask * self.slot_weights(mask.device)
-        kl = (p * (torch.log(p.clamp_min(1e-20)) - logq)).sum(-1)  # 2. [b, A, B]
+        token, token_w = self.token_loss(logq, p, top, mask)  # 2. [b, A, B]: KL (weights w) or CE (D-PACE's)
         label = p.argmax(-1)  # 3. [b, A, B] draft index of the target's most likely token
         cands, place, found = training_candidates(unary, label, self.top_k)
         slot = (torch.arange(self.block_size, device=ids.device) - 1).clamp(min=0)  # 4. slot i reads x_{p+i-1}
         prev = ids.gather(1, (anchors[..., None] + slot).clamp(max=ids.shape[1] - 1).flatten(1)).view_as(label)
         scores = self.candidate_selector.scores(unary, hidden, prev, cands).float()  # [b, A, B, K]
         ce = -torch.log_softmax(scores, -1).gather(-1, place[..., None]).squeeze(-1)  # 5. [b, A, B]
-        total = (kl * w).sum() + self.cfg.selector_weight * (ce * w).sum()
-        metrics = slot_metrics(logq, kl, top, mask, self.draft_ids(), start=1)
+        total = (token * token_w).sum() + self.cfg.selector_weight * (ce * w).sum()
+        metrics = slot_metrics(logq, token, top, mask, self.draft_ids(), start=1)
         with torch.no_grad():
             denom = mask.sum().clamp_min(1.0)
             picked = cands.gather(-1, scores.argmax(-1, keepdim=True)).squeeze(-1)

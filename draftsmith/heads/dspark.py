@@ -22,7 +22,6 @@ verification (a detached target).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import nn
@@ -69,12 +68,9 @@ class DSparkDrafter(BlockDrafting, Drafter):
 
         # Tokens per block; every slot predicts (DeepSpec ships block 7), so one forward drafts block_size.
         block_size: int = 7
-        # Slot i's loss weight is exp(-i / loss_decay_gamma) (DSpark has no anchor-only slot 0).
+        # Slot i's loss weight is exp(-i / loss_decay_gamma) (DSpark has no anchor-only slot 0): the token loss's
+        # with loss=kl; the confidence head keeps this fixed decay whatever drafter.loss (default D-PACE) is.
         loss_decay_gamma: float = 4.0
-        # D-PACE since issue 21: +0.14 tau over 3 seeds on bench_peers_block.py's protocol (2.238 against KL's
-        # 2.100 at 300 steps; docs/benchmarks.md, "D-PACE inside draftsmith"); the confidence head keeps its
-        # fixed decay either way; "kl" keeps the earlier token loss.
-        loss: Literal["kl", "dpace"] = "dpace"
         # Low rank r of the Markov bias W2 W1 (DeepSpec and speculators: 256).
         markov_rank: int = 32
         # True starts W2 at zero (a pure-DFlash start; W1 then gets no token-loss gradient until W2 grows); False

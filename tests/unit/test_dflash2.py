@@ -16,15 +16,16 @@ from draftsmith.heads.dflash2 import DFlash2Drafter, DynamicConv, dynamic_conv, 
 from draftsmith.sampling import SamplingParams
 from draftsmith.testing import tiny_target
 from tests.helpers import batch_for
+from test_dpace import loop_weights
 
 
-def make(block_size=4, draft_vocab_size=100, top_k=6, seed=0, perturb=True):
+def make(block_size=4, draft_vocab_size=100, top_k=6, seed=0, perturb=True, loss="kl"):
     target = tiny_target(num_layers=4, hidden=32, seed=seed)
     torch.manual_seed(seed + 1)
     counts = torch.randint(0, 50, (target.vocab_size,))
     cfg = DFlash2Drafter.Config(block_size=block_size, num_layers=2, draft_vocab_size=draft_vocab_size, num_anchors=4,
                                 loss_decay_gamma=2.0, conv_group_size=8, selector_rank=8, selector_top_k=top_k,
-                                selector_weight=0.7)
+                                selector_weight=0.7, loss=loss)
     d = DFlash2Drafter.from_target(cfg, target, counts)
     if perturb:  # away from the identity init, so convolutions and selector matter
         with torch.no_grad():
@@ -122,10 +123,13 @@ def test_training_candidates_inject_a_missing_label_in_the_last_place():
 
 
 # --------------------------------------------------------------------------- the loss
-def test_loss_matches_hand_written_reference():
+@pytest.mark.parametrize("loss", ["kl", "dpace"])
+def test_loss_matches_hand_written_reference(loss):
     """Per anchor and slot: the block through the inference path (one block, context < p, no mask), explicit
-    KL, the unary top-K with the argmax injected, S = U + <A[x_{p+i-1}] * W h, B[c]>, cross entropy."""
-    target, d = make(top_k=3)
+    KL, the unary top-K with the argmax injected, S = U + <A[x_{p+i-1}] * W h, B[c]>, cross entropy, all under
+    the fixed decay; with loss=dpace the unary term is instead the CE of the target's full-vocabulary argmax
+    (0 outside the draft vocabulary) under D-PACE's weights (test_dpace.loop_weights, alpha 0.5)."""
+    target, d = make(top_k=3, loss=loss)
     batch = batch_for(target, d)
     d.eval()
     out = d.forward_loss(batch)
@@ -139,14 +143,21 @@ def test_loss_matches_hand_written_reference():
             if not ok[row, a]:
                 continue
             p = int(anchors[row, a])
+            hard_ce, q, on = [], [], []  # per slot 1.. of this block: D-PACE's terms
             aux = batch["aux_hidden_states"][row : row + 1, :p]
             ctx_kv = d.context_kv(d.context(aux), torch.arange(p).view(1, -1))
             block = torch.tensor([[int(ids[row, p])] + [d.mask_token_id] * (d.block_size - 1)])
             hidden = d.block_hidden(block, torch.arange(p, p + d.block_size).view(1, -1), ctx_kv)[0]  # [B, h]
             for i in range(1, d.block_size):
-                if p + i >= s or mask[row, p + i] == 0:
-                    continue
+                on.append(int(p + i < s and mask[row, p + i] != 0))
                 unary = d.lm_head(hidden[i])
+                full_top = int(batch["target_logits"][row, min(p + i - 1, s - 1)].argmax())
+                logq = torch.log_softmax(unary, -1)
+                in_draft = full_top in draft_ids.tolist()
+                hard_ce.append(-logq[draft_ids.tolist().index(full_top)] if in_draft else torch.zeros(()))
+                q.append(float(hard_ce[-1].detach().neg().exp()) if in_draft else 0.0)
+                if not on[-1]:
+                    continue
                 target_logits = batch["target_logits"][row, p + i - 1, draft_ids]
                 target_p = torch.softmax(target_logits, -1)
                 kl = (target_p * (target_p.log() - torch.log_softmax(unary, -1))).sum()
@@ -159,8 +170,12 @@ def test_loss_matches_hand_written_reference():
                 ctx = sel.predecessor_codebook[prev] * (sel.hidden_projection.weight @ hidden[i])
                 scores = torch.stack([unary[c] + (ctx * sel.successor_codebook[c]).sum() for c in cands])
                 ce = -torch.log_softmax(scores, 0)[cands.index(label)]
-                total = total + math.exp(-(i - 1) / d.cfg.loss_decay_gamma) * (kl + 0.7 * ce)
+                unary_term = kl if loss == "kl" else 0.0  # D-PACE's unary terms are added per block below
+                total = total + math.exp(-(i - 1) / d.cfg.loss_decay_gamma) * (unary_term + 0.7 * ce)
                 count += 1
+            if loss == "dpace":
+                w = loop_weights(q, on, 0.5)
+                total = total + sum(wi * ce_i for wi, ce_i, o in zip(w, hard_ce, on) if o)
     assert count == out.num_tokens > 0 and injected > 0
     assert torch.allclose(out.loss, torch.as_tensor(total), rtol=1e-4, atol=1e-5), (out.loss, total)
     assert {"acc_0", "candidate_recall", "selector_acc", "selector_loss"} <= set(out.metrics)
