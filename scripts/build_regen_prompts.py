@@ -41,19 +41,26 @@ def _user(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
+def _workload(name: str, data_dir: Path) -> list[list[dict]]:
+    """Every prompt of an eval workload (group names expanded), in file order, as eval reads its text."""
+    items = [item for concrete in workloads.expand([name]) for item in workloads.load(concrete, data_dir, None)]
+    if name == "spec_bench":  # expand() groups the rows by task; keep the file's question order
+        items.sort(key=lambda item: int(item["id"].rsplit("-", 1)[1]))
+    return [_user(item["prompt"]) for item in items]
+
+
 def candidates(data_dir: Path) -> dict[str, list[dict]]:
     """source -> rows {"source", "messages"} in file order (first user turn only)."""
     d = data_dir
-    alpaca = json.loads((d / "alpaca" / "alpaca_en_demo.json").read_text(encoding="utf-8"))
     lima = json.loads((d / "chat_corpus" / "lima.json").read_text(encoding="utf-8"))
     dpo = json.loads((d / "chat_corpus" / "dpo_en_demo.json").read_text(encoding="utf-8"))
     return {
-        "humaneval": [_user(r["prompt"]) for r in _jsonl(d / "humaneval" / "HumanEval.jsonl.gz")],
-        "gsm8k": [_user(r["question"]) for r in _jsonl(d / "gsm8k" / "test.jsonl")],
-        "mt_bench": [_user(r["turns"][0]) for r in _jsonl(d / "mt_bench" / "question.jsonl")],
+        "humaneval": _workload("humaneval", d),
+        "gsm8k": _workload("gsm8k", d),
+        "mt_bench": _workload("mt_bench", d),
         "vicuna_bench": [_user(r["turns"][0]) for r in _jsonl(d / "mt_bench" / "vicuna_bench_question.jsonl")],
-        "alpaca": [_user(r["instruction"] + (f"\n\n{r['input']}" if r.get("input") else "")) for r in alpaca],
-        "spec_bench": [_user(r["turns"][0]) for r in _jsonl(d / "spec_bench" / "question.jsonl")],
+        "alpaca": _workload("alpaca", d),
+        "spec_bench": _workload("spec_bench", d),
         "lima": [_user(r["instruction"] + (f"\n\n{r['input']}" if r.get("input") else "")) for r in lima],
         "dpo": [_user(next(t["value"] for t in r["conversations"] if t["from"] == "human")) for r in dpo],
     }

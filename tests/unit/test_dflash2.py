@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from test_dpace import loop_weights
 
 from draftsmith.eval.loop import LoopConfig, generate
 from draftsmith.export.common import EXPORTERS
@@ -16,7 +17,6 @@ from draftsmith.heads.dflash2 import DFlash2Drafter, DynamicConv, dynamic_conv, 
 from draftsmith.sampling import SamplingParams
 from draftsmith.testing import tiny_target
 from tests.helpers import batch_for
-from test_dpace import loop_weights
 
 
 def make(block_size=4, draft_vocab_size=100, top_k=6, seed=0, perturb=True, loss="kl"):
