@@ -261,6 +261,10 @@ class MedusaLayout(VLLMLayout):
             raise ValueError("export --to vllm: this Medusa drafter has drafter.next_token_head=true (head i predicts "
                              "the token i+1 after the state, head 0 the target's own next token), while vLLM's head i "
                              "proposes the token i+2 after it; retrain with drafter.next_token_head=false")
+        if d.cfg.draft_vocab_size:
+            raise ValueError(f"export --to vllm: this Medusa drafter has drafter.draft_vocab_size={d.cfg.draft_vocab_size}; "
+                             "the vLLM Medusa export writes full-vocabulary heads only (its truncated_vocab_size / "
+                             "token_map path is not exported); retrain with drafter.draft_vocab_size=null")
         config = {
             "architectures": ["MedusaModel"],
             "model_type": "medusa",

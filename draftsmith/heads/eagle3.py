@@ -37,6 +37,12 @@ from draftsmith.heads.shared import Frozen, aux_layer_problems, draft_vocabulary
 from draftsmith.sampling import logits_to_probs
 
 
+def init_std_for(fan_in: int, init_std: float, fan_in_cap: bool) -> float:
+    """Normal init std of a linear layer with `fan_in` inputs: init_std, capped with fan_in_cap at torch's
+    default (Kaiming-uniform, bound 1 / sqrt(fan_in)) std 1 / sqrt(3 * fan_in)."""
+    return min(init_std, (3 * fan_in) ** -0.5) if fan_in_cap else init_std
+
+
 @DRAFTERS.register("eagle3")
 class Eagle3Drafter(Drafter):
     kind = "eagle3"
@@ -90,6 +96,11 @@ class Eagle3Drafter(Drafter):
         # Normal(0, init_std) for every trainable linear layer (HF's initializer_range; lm_head too when
         # lm_head_init=random); None keeps torch's default (Kaiming-uniform) init, which trained slower.
         init_std: Optional[float] = 0.02
+        # Cap each linear layer's init std at torch's default std for its fan-in, 1 / sqrt(3 * fan_in)
+        # (Kaiming-uniform's), so a wide layer's output projections (o_proj over 32 x 128 heads, down_proj
+        # over 14,336) start no larger than torch would start them. No effect while every fan-in is below
+        # 1 / (3 * init_std**2) (833 at 0.02), e.g. on stories260K's target-shaped layer.
+        init_fan_in_cap: bool = False
         # Uniform noise U(-a, a) added to the aux hidden states during training (EAGLE-1's feature
         # noise); 0 disables it.
         feature_noise: float = 0.0
@@ -132,7 +143,7 @@ class Eagle3Drafter(Drafter):
         if cfg.init_std is not None:
             for module in self.modules():
                 if isinstance(module, nn.Linear):
-                    nn.init.normal_(module.weight, std=cfg.init_std)
+                    nn.init.normal_(module.weight, std=init_std_for(module.in_features, cfg.init_std, cfg.init_fan_in_cap))
 
     # ------------------------------------------------------------------ construction
     @classmethod

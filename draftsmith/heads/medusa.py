@@ -5,6 +5,8 @@ Architecture (tensor names follow vLLM's Medusa loader, so export is a rename-fr
   blocks.{i}.layers.{j}   head i's residual block j: x <- x + SiLU(Linear(x)) (weight and bias
                           zero-initialised, so an untrained head equals its vocabulary projection)
   lm_heads.{i}            head i's vocabulary projection [h -> V], initialised from the target's lm_head
+                          ([h -> dv] rows of the draft vocabulary with draft_vocab_size)
+  d2t                     (draft_vocab_size only) target_id = draft_id + d2t[draft_id], as EAGLE-3's
 
 Feature read: last_hidden_state = hidden_states[num_layers], AFTER the target's final norm (the
 lm_head input). Every head reads the SAME state.
@@ -46,7 +48,7 @@ from draftsmith import packing
 from draftsmith.bounds import MAX_DRAFT_TOKENS  # k per round: no engine verifies more
 from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.proposing import LastStateProposer, draw
-from draftsmith.heads.shared import Frozen
+from draftsmith.heads.shared import Frozen, draft_vocabulary
 from draftsmith.sampling import logits_to_probs
 
 
@@ -87,6 +89,11 @@ class MedusaDrafter(Drafter):
         num_heads: int = 4
         # Residual blocks per head (vLLM's num_hidden_layers of a Medusa config).
         num_layers: int = 1
+        # Draft vocabulary: each head projects onto the draft_vocab_size most frequent target tokens of the
+        # training data (as EAGLE-3's; rows of the target's lm_head) instead of the full vocabulary; positions
+        # whose label lies outside it are dropped from the loss (no head could propose it). None: full vocabulary.
+        # On a 262k-vocabulary target (Gemma-3) a full head costs 168M multiply-adds per proposed token.
+        draft_vocab_size: Optional[int] = None
         # Head-index convention. false (the Medusa paper, vLLM): head i on the state whose next token is
         # c predicts the (i+1)-th token after c, x_{j+2+i}. true (Model Optimizer): head 0 predicts the
         # target's own next token x_{j+1} and head i predicts x_{j+1+i}; head 0 then duplicates the
@@ -131,7 +138,7 @@ class MedusaDrafter(Drafter):
 
         def problems(self) -> list[str]:
             """Ranges `config.load` and `draftsmith validate` report (one message per bad option)."""
-            out = range_problems(self, {"num_heads": f">= 1 and <= {MAX_DRAFT_TOKENS}", "num_layers": ">= 0", "head_decay": "> 0",
+            out = range_problems(self, {"num_heads": f">= 1 and <= {MAX_DRAFT_TOKENS}", "num_layers": ">= 0", "head_decay": "> 0", "draft_vocab_size": ">= 2",
                                         "head_weights": ">= 0", "lora_r": ">= 1", "lora_alpha": ">= 1",
                                         "lora_dropout": ">= 0 and < 1", "lora_kl_weight": ">= 0"})
             if self.head_weights is not None and len(self.head_weights) != self.num_heads:
@@ -166,7 +173,11 @@ class MedusaDrafter(Drafter):
                 for block in self.blocks:
                     for layer in block.layers:
                         layer.weight.normal_(0.0, cfg.block_init_std)
-        self.lm_heads = nn.ModuleList([nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(cfg.num_heads)])
+        out_size = cfg.draft_vocab_size or vocab_size
+        self.lm_heads = nn.ModuleList([nn.Linear(hidden_size, out_size, bias=False) for _ in range(cfg.num_heads)])
+        self.vocab_size = vocab_size
+        if cfg.draft_vocab_size:
+            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.adapted: Frozen | None = None  # Medusa-2: the peft model (its LoRA weights are registered as self.lora)
         self.teacher: Frozen | None = None  # greedy_chain_labels: the frozen target
         if cfg.lora:
@@ -176,10 +187,13 @@ class MedusaDrafter(Drafter):
     @classmethod
     def from_target(cls, cfg, target, token_counts=None) -> "MedusaDrafter":
         drafter = cls(cfg, target.hidden_size, target.vocab_size)
+        if cfg.draft_vocab_size:
+            drafter.d2t.copy_(draft_vocabulary(cfg.draft_vocab_size, target.vocab_size, token_counts)[0])
         if cfg.init_lm_head_from_target:
+            rows = drafter.draft_ids()
             with torch.no_grad():
                 for head in drafter.lm_heads:
-                    head.weight.copy_(target.lm_head.weight.float())
+                    head.weight.copy_(target.lm_head.weight.float() if rows is None else target.lm_head.weight[rows].float())
         for head in drafter.lm_heads:
             head.weight.requires_grad_(not cfg.freeze_lm_head)
         drafter = drafter.to(device=target.device)
@@ -205,6 +219,21 @@ class MedusaDrafter(Drafter):
         self.lora = nn.ParameterDict(trainable)
         self.adapted = Frozen(model)
 
+    def draft_ids(self) -> torch.Tensor | None:
+        """[dv] target ids of the draft vocabulary; None with the full vocabulary."""
+        if not self.cfg.draft_vocab_size:
+            return None
+        return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
+
+    def to_target_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """[..., dv] head logits -> [..., V] over the target vocabulary (-inf off the draft vocabulary)."""
+        ids = self.draft_ids()
+        if ids is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+        full[..., ids] = logits
+        return full
+
     def max_draft_tokens(self) -> int:
         return self.cfg.num_heads  # one token per head
 
@@ -228,7 +257,8 @@ class MedusaDrafter(Drafter):
         return self.cfg.num_heads - (1 if self.cfg.next_token_head else 0)
 
     def head_logits(self, hidden: torch.Tensor) -> list[torch.Tensor]:
-        """[b, n, h] states -> num_heads x [b, n, V]; entry i predicts the token offset+i positions on."""
+        """[b, n, h] states -> num_heads x [b, n, V] ([b, n, dv] with a draft vocabulary); entry i predicts
+        the token offset+i positions on."""
         hidden = hidden.to(self.lm_heads[0].weight.dtype)
         return [head(block(hidden)) for block, head in zip(self.blocks, self.lm_heads)]
 
@@ -304,6 +334,10 @@ class MedusaDrafter(Drafter):
         greedy = target_logits.argmax(-1)  # [b, s, V] -> [b, s]
         on_path = (ids[:, 1:] == greedy[:, :-1]).float()  # [b, s-1]: x_{j+1} is the target's greedy token
         chain = self.greedy_chain_logits(batch, o - 2 + c.num_heads) if c.greedy_chain_labels else None
+        draft_ids = self.draft_ids()  # [dv] or None
+        if draft_ids is not None:
+            draft_index = torch.full((self.vocab_size,), -1, dtype=torch.long, device=ids.device)  # [V] -> draft id or -1
+            draft_index[draft_ids] = torch.arange(len(draft_ids), device=ids.device)
         total = c.lora_kl_weight * kl_lm if self.adapted else kl_lm.new_zeros(())
         metrics: dict[str, float] = {"loss_lora_kl": float(kl_lm.detach())} if self.adapted else {}
         weights: dict[str, float] = {}
@@ -320,7 +354,11 @@ class MedusaDrafter(Drafter):
             if c.greedy_path_only and chain is None:
                 for step in range(o - 1 + i):  # x_{j+1+step} must be greedy for step < o-1+i
                     m = m * on_path[:, step : step + n]
-            labels = ids[:, o + i : o + i + n] if c.loss == "ce_data" else p_logits.argmax(-1)
+            labels = ids[:, o + i : o + i + n] if c.loss == "ce_data" else p_logits.argmax(-1)  # [b, n] target ids
+            if draft_ids is not None:  # labels in draft ids; out-of-vocabulary labels leave the loss
+                m = m * (draft_index[labels] >= 0).float()
+                labels = draft_index[labels].clamp_min(0)
+                p_logits = p_logits[..., draft_ids]  # [b, n, dv]: the target restricted to the draft vocabulary
             ce = -logq.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # [b, n]
             if c.loss in ("kl", "mix"):
                 logp = torch.log_softmax(p_logits, -1)
@@ -369,7 +407,7 @@ class MedusaProposer(LastStateProposer):
         skip = self.drafter.cfg.num_heads - n  # a next-token head 0 would repeat the committed token
         for block, head in list(zip(self.drafter.blocks, self.drafter.lm_heads))[skip : skip + k]:
             x = self.last_hidden.to(head.weight.dtype)
-            q = logits_to_probs(head(block(x))[0, -1], sampling)  # [1, 1, h] -> [V]
+            q = logits_to_probs(self.drafter.to_target_logits(head(block(x))[0, -1]), sampling)  # [1, 1, h] -> [V]
             tokens.append(draw(q, sampling, generator))
             probs.append(q)
         return Draft(tokens=torch.stack(tokens).view(-1), probs=torch.stack(probs))
@@ -381,7 +419,8 @@ class MedusaProposer(LastStateProposer):
 
     def _head_logprobs(self, i: int) -> torch.Tensor:
         block, head = self.drafter.blocks[i], self.drafter.lm_heads[i]
-        return torch.log_softmax(head(block(self.last_hidden.to(head.weight.dtype)))[0, -1].float(), -1)  # [V]
+        logits = self.drafter.to_target_logits(head(block(self.last_hidden.to(head.weight.dtype)))[0, -1].float())
+        return torch.log_softmax(logits, -1)  # [V]
 
     @torch.no_grad()
     def tree_root(self) -> torch.Tensor:
