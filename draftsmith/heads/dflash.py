@@ -357,7 +357,7 @@ class BlockConfig:
     # detached confidences, aiming at the expected accepted block length; speculators' and Model Optimizer's
     # DFlash default; loss_decay_gamma is then unused for the tokens). D-PACE since issue 21: over 3 seeds on
     # bench_peers_block.py's protocol at 300 steps, DFlash 1.898 against KL's 1.787 and DSpark 2.238 against
-    # 2.100 (docs/benchmarks.md, "D-PACE inside draftsmith"); DFlash 2 keeps "kl" (not measured with D-PACE).
+    # 2.100 (docs/benchmarks.md, "D-PACE inside draftsmith"); DFlash 2 keeps "kl" (D-PACE gained it ~0.01).
     loss: Literal["kl", "dpace"] = "dpace"
     # D-PACE's smoothing alpha in (0, 1]: s_i = (1 - alpha) q_i + alpha (all three peers: 0.5).
     dpace_alpha: float = 0.5

@@ -170,8 +170,9 @@ class DFlash2Drafter(BlockDrafting, Drafter):
         selector_top_k: int = 16
         # Weight of the selector's K-way cross entropy (speculators' selector_loss_alpha).
         selector_weight: float = 1.0
-        # Unary token loss: "kl" (forward KL, fixed decay; what DFlash 2 was measured with) or "dpace" (as
-        # DFlash's default); the selector's cross entropy keeps the fixed decay either way.
+        # Unary token loss: "kl" (forward KL, fixed decay) or "dpace" (DFlash's default; on DFlash 2 it moved
+        # tau by only +0.01 / +0.02 over 3 seeds, docs/benchmarks.md "DFlash 2 with D-PACE, 3 seeds"); the
+        # selector's cross entropy keeps the fixed decay either way.
         loss: Literal["kl", "dpace"] = "kl"
 
         def problems(self) -> list[str]:
