@@ -44,7 +44,14 @@ from draftsmith.bounds import MAX_DRAFT_TOKENS  # k per round: no engine verifie
 from draftsmith.heads import dpace, vocab_loss
 from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.draft_layer import draft_layer_config, rotary
-from draftsmith.heads.shared import Frozen, aux_layer_problems, draft_vocabulary, resolve_aux_layer_ids
+from draftsmith.heads.shared import (
+    Frozen,
+    aux_layer_problems,
+    draft_ids_of,
+    draft_vocabulary,
+    on_target_vocab,
+    resolve_aux_layer_ids,
+)
 from draftsmith.sampling import logits_to_probs, sample
 
 
@@ -202,7 +209,7 @@ class BlockDrafting:
 
     def draft_ids(self) -> torch.Tensor:
         """[dv] target ids of the draft vocabulary."""
-        return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
+        return draft_ids_of(self.d2t)
 
     # ------------------------------------------------------------------ the block forward
     def context(self, aux: torch.Tensor) -> torch.Tensor:
@@ -490,9 +497,7 @@ class BlockProposer:
 
     def target_probs(self, draft_logits: torch.Tensor, sampling) -> torch.Tensor:
         """[n, dv] draft logits -> [n, V] probabilities over the target vocabulary (same transform as p)."""
-        full = draft_logits.new_full((draft_logits.shape[0], self.vocab_size), float("-inf"), dtype=torch.float32)
-        full[:, self.draft_ids] = draft_logits.float()
-        return logits_to_probs(full, sampling)
+        return logits_to_probs(on_target_vocab(draft_logits.float(), self.draft_ids, self.vocab_size), sampling)
 
     @torch.no_grad()
     def propose(self, context: torch.Tensor, k: int, sampling, generator=None) -> Draft:

@@ -33,7 +33,15 @@ from draftsmith.heads import vocab_loss
 from draftsmith.heads.base import DRAFTERS, Drafter, StepOutput, range_problems
 from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, layer_shape_problems, rotary
 from draftsmith.heads.proposing import FeatureChainProposer
-from draftsmith.heads.shared import Frozen, aux_layer_problems, draft_vocabulary, resolve_aux_layer_ids
+from draftsmith.heads.shared import (
+    Frozen,
+    aux_layer_problems,
+    draft_ids_of,
+    draft_index_of,
+    draft_vocabulary,
+    on_target_vocab,
+    resolve_aux_layer_ids,
+)
 from draftsmith.sampling import logits_to_probs
 
 
@@ -170,7 +178,7 @@ class Eagle3Drafter(Drafter):
 
     def draft_ids(self) -> torch.Tensor:
         """[dv] target ids of the draft vocabulary."""
-        return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
+        return draft_ids_of(self.d2t)
 
     # ------------------------------------------------------------------ one step
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
@@ -243,8 +251,7 @@ class Eagle3Drafter(Drafter):
         target_logits = batch["target_logits"]  # [b, s, V], any dtype
         chunk = cfg.loss_chunk or s
         p, target_top = vocab_loss.soft_labels(target_logits, draft_ids, chunk)  # 1. [b, s, dv] fp32, [b, s] target ids
-        draft_index = torch.full_like(self.t2d, -1, dtype=torch.long)  # [V] target id -> draft id, -1 outside
-        draft_index[draft_ids] = torch.arange(len(draft_ids), device=draft_ids.device)
+        draft_index = draft_index_of(draft_ids, len(self.t2d))  # [V] target id -> draft id, -1 outside
         in_vocab = draft_index[target_top] >= 0  # [b, s]
         hard = draft_index[target_top].clamp_min(0)  # [b, s] draft id of the argmax
         if cfg.mask_out_of_vocab:
@@ -293,14 +300,10 @@ class Eagle3Proposer(FeatureChainProposer):
 
     def target_probs(self, draft_logits: torch.Tensor, sampling) -> torch.Tensor:
         """[dv] draft logits -> [V] probabilities over the target vocabulary (same transform as p)."""
-        full = draft_logits.new_full((self.vocab_size,), float("-inf"), dtype=torch.float32)
-        full[self.draft_ids] = draft_logits.float()
-        return logits_to_probs(full, sampling)
+        return logits_to_probs(on_target_vocab(draft_logits.float(), self.draft_ids, self.vocab_size), sampling)
 
     def target_logprobs(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """[m, dv] draft logits -> [m, V] log-probabilities over the target vocabulary (-inf off the draft vocab)."""
-        full = draft_logits.new_full((draft_logits.shape[0], self.vocab_size), float("-inf"), dtype=torch.float32)
-        full[:, self.draft_ids] = torch.log_softmax(draft_logits.float(), dim=-1)
-        return full
+        return on_target_vocab(torch.log_softmax(draft_logits.float(), dim=-1), self.draft_ids, self.vocab_size)
 
     _target_probs, _target_logprobs = target_probs, target_logprobs  # the names tests and benches use

@@ -48,7 +48,7 @@ from draftsmith import packing
 from draftsmith.bounds import MAX_DRAFT_TOKENS  # k per round: no engine verifies more
 from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.proposing import LastStateProposer, draw
-from draftsmith.heads.shared import Frozen, draft_vocabulary
+from draftsmith.heads.shared import Frozen, draft_ids_of, draft_index_of, draft_vocabulary, on_target_vocab
 from draftsmith.sampling import logits_to_probs
 
 
@@ -223,16 +223,14 @@ class MedusaDrafter(Drafter):
         """[dv] target ids of the draft vocabulary; None with the full vocabulary."""
         if not self.cfg.draft_vocab_size:
             return None
-        return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
+        return draft_ids_of(self.d2t)
 
     def to_target_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """[..., dv] head logits -> [..., V] over the target vocabulary (-inf off the draft vocabulary)."""
         ids = self.draft_ids()
         if ids is None:
             return logits
-        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
-        full[..., ids] = logits
-        return full
+        return on_target_vocab(logits, ids, self.vocab_size)
 
     def max_draft_tokens(self) -> int:
         return self.cfg.num_heads  # one token per head
@@ -336,8 +334,7 @@ class MedusaDrafter(Drafter):
         chain = self.greedy_chain_logits(batch, o - 2 + c.num_heads) if c.greedy_chain_labels else None
         draft_ids = self.draft_ids()  # [dv] or None
         if draft_ids is not None:
-            draft_index = torch.full((self.vocab_size,), -1, dtype=torch.long, device=ids.device)  # [V] -> draft id or -1
-            draft_index[draft_ids] = torch.arange(len(draft_ids), device=ids.device)
+            draft_index = draft_index_of(draft_ids, self.vocab_size)  # [V] -> draft id or -1
         total = c.lora_kl_weight * kl_lm if self.adapted else kl_lm.new_zeros(())
         metrics: dict[str, float] = {"loss_lora_kl": float(kl_lm.detach())} if self.adapted else {}
         weights: dict[str, float] = {}

@@ -31,7 +31,13 @@ from draftsmith.bounds import MAX_DRAFT_TOKENS  # k per round: no engine verifie
 from draftsmith.heads import vocab_loss
 from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, rotary
-from draftsmith.heads.shared import aux_layer_problems, draft_vocabulary, resolve_aux_layer_ids
+from draftsmith.heads.shared import (
+    aux_layer_problems,
+    draft_ids_of,
+    draft_vocabulary,
+    on_target_vocab,
+    resolve_aux_layer_ids,
+)
 from draftsmith.sampling import logits_to_probs, sample
 
 
@@ -125,7 +131,7 @@ class PEagleDrafter(Drafter):
         return resolve_aux_layer_ids(cfg.aux_layer_ids, target.num_layers)
 
     def draft_ids(self) -> torch.Tensor:
-        return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
+        return draft_ids_of(self.d2t)
 
     # ------------------------------------------------------------------ one forward
     def layer_input(self, token_ids, hidden):
@@ -288,8 +294,6 @@ class PEagleProposer:
     def propose(self, context: torch.Tensor, k: int, sampling, generator=None) -> Draft:
         k = min(k, self.drafter.cfg.num_depths)
         logits = self.parallel_logits(k)
-        full = logits.new_full((k, self.vocab_size), float("-inf"), dtype=torch.float32)
-        full[:, self.draft_ids] = logits.float()
-        q = logits_to_probs(full, sampling)  # [k, V]: each depth's own marginal
+        q = logits_to_probs(on_target_vocab(logits.float(), self.draft_ids, self.vocab_size), sampling)  # [k, V]: each depth's own marginal
         tokens = q.argmax(-1) if sampling.greedy else sample(q, generator)
         return Draft(tokens=tokens, probs=q)

@@ -71,6 +71,25 @@ def draft_vocabulary(draft_vocab_size: Optional[int], vocab_size: int,
     return draft_vocab.build(counts, dv)
 
 
+def draft_ids_of(d2t: torch.Tensor) -> torch.Tensor:
+    """[dv] target ids of a draft vocabulary from its d2t offsets (target_id = draft_id + d2t[draft_id])."""
+    return torch.arange(len(d2t), device=d2t.device) + d2t
+
+
+def draft_index_of(draft_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[V] target id -> its draft id, -1 outside the draft vocabulary."""
+    index = torch.full((vocab_size,), -1, dtype=torch.long, device=draft_ids.device)
+    index[draft_ids] = torch.arange(len(draft_ids), device=draft_ids.device)
+    return index
+
+
+def on_target_vocab(values: torch.Tensor, draft_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[..., dv] values over the draft vocabulary -> [..., V] over the target's, -inf outside it."""
+    full = values.new_full((*values.shape[:-1], vocab_size), float("-inf"))
+    full[..., draft_ids] = values
+    return full
+
+
 class Frozen(Generic[M]):
     """A reference to a frozen module a drafter uses but does not own: nn.Module does not register a
     Frozen attribute, so the module stays out of parameters(), state_dict(), .to() and DDP's buckets.
