@@ -89,6 +89,17 @@ def latest(output_dir: Path) -> Path | None:
     return dirs[-1] if dirs else None
 
 
+def resume_point(output_dir: Path) -> Path | None:
+    """What train.resume=true continues from: the newest written of the step checkpoints and `final`
+    (a finished run extended with a larger max_steps continues from its last step, not from the
+    step checkpoint before it, which would redo the steps in between)."""
+    final = Path(output_dir) / "final"
+    found = step_dirs(output_dir)
+    if (final / "COMPLETE").exists() and (final / "trainer_state.pt").exists():
+        found = sorted([*found, final], key=_write_order)
+    return found[-1] if found else None
+
+
 def rotate(output_dir: Path, keep_last: int) -> None:
     """Delete all but the newest keep_last step checkpoints (keep_last <= 0 keeps all)."""
     if keep_last <= 0:

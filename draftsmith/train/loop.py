@@ -224,7 +224,7 @@ class Trainer:
     def _resume_path(self) -> Path | None:
         resume = self.cfg.train.resume
         if resume is True:
-            return checkpoint.latest(self.output_dir)
+            return checkpoint.resume_point(self.output_dir)
         return Path(resume) if resume else None
 
     def _claim_output_dir(self, overwrite: bool) -> None:

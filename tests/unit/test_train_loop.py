@@ -36,6 +36,19 @@ def test_resume_reproduces_uninterrupted_losses(tiny_run):
     assert resumed.losses == pytest.approx(full.losses, abs=1e-6)
 
 
+def test_resume_extends_a_finished_run_from_final(tiny_run):
+    """train.resume=true on a finished run with a larger max_steps continues from `final` (step 6),
+    not from the older step checkpoint (step 4), which would redo steps 5 and 6."""
+    cfg = tiny_run("done", "train.save_every=4")
+    first = train(cfg)
+    assert [p.name for p in checkpoint.step_dirs(cfg.train.output_dir)] == ["step_0000004"]
+    more = tiny_run("done", "train.save_every=4", "train.resume=true", "train.max_steps=8")
+    trainer = Trainer(more)
+    assert trainer.resume_path.name == "final"
+    extended = trainer.run()
+    assert len(extended.losses) == 8 and extended.losses[:6] == pytest.approx(first.losses, abs=0)
+
+
 def test_checkpoint_reloads_and_rotation(tiny_run):
     cfg = tiny_run("rot", "train.save_every=1", "train.keep_last=2")
     trainer = Trainer(cfg)
