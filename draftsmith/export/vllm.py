@@ -14,6 +14,9 @@ EAGLE-3 (speculators 0.9.0 Eagle3SpeculatorConfig; vLLM's transformers_utils/con
 Medusa (vllm/model_executor/models/medusa.py): model_type "medusa", num_heads, num_hidden_layers,
   hidden_size, vocab_size, truncated_vocab_size, medusa_fc_bias true (without it vLLM builds the blocks
   bias-free and drops the trained biases silently); tensors blocks.{i}.layers.{j}.weight/.bias, lm_heads.{i}.weight.
+  A draft vocabulary (drafter.draft_vocab_size = T): truncated_vocab_size T, lm_heads.{i} [T, h] and token_map
+  [T] int64 (the draft ids); per-head heads load in vLLM 0.9.2 only, one shared head (original_lm_head, frozen
+  projections) in 0.9.2, 0.20 and 0.27: export/medusa_vocab.py says where in vLLM's loader each fact was read.
   No num_lookahead_tokens key: vLLM's MedusaConfig maps it onto num_heads, and vLLM sets it to
   num_speculative_tokens, so K must be <= num_heads (more would build heads that no tensor fills).
   Medusa-2 (lora: true): the heads go to model.safetensors, the peft adapter to adapter/; the heads read
@@ -34,9 +37,11 @@ from pathlib import Path
 import torch
 
 from draftsmith import config as config_mod
+from draftsmith.export import engine_versions, medusa_vocab
 from draftsmith.export.common import (
     DTYPES,
     EXPORTERS,
+    SIDECAR_FILE,
     Exporter,
     ExportFiles,
     ExportOptions,
@@ -61,6 +66,7 @@ from draftsmith.export.common import (
     window_problems,
 )
 from draftsmith.export.sglang import LLAMA_KEYS
+from draftsmith.files import read_json_object
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose loader this format is tested against
 ADAPTER_DIR = "adapter"  # Medusa-2: the peft adapter the verifier must be served merged with
@@ -261,10 +267,9 @@ class MedusaLayout(VLLMLayout):
             raise ValueError("export --to vllm: this Medusa drafter has drafter.next_token_head=true (head i predicts "
                              "the token i+1 after the state, head 0 the target's own next token), while vLLM's head i "
                              "proposes the token i+2 after it; retrain with drafter.next_token_head=false")
-        if d.cfg.draft_vocab_size:
-            raise ValueError(f"export --to vllm: this Medusa drafter has drafter.draft_vocab_size={d.cfg.draft_vocab_size}; "
-                             "the vLLM Medusa export writes full-vocabulary heads only (its truncated_vocab_size / "
-                             "token_map path is not exported); retrain with drafter.draft_vocab_size=null")
+        vocab = {"truncated_vocab_size": target.vocab_size, "original_lm_head": False}
+        if d.cfg.draft_vocab_size:  # truncated_vocab_size and token_map (export/medusa_vocab.py)
+            vocab = medusa_vocab.vocab_fields(d, engine_versions.resolve("vllm", opts.engine_version))
         config = {
             "architectures": ["MedusaModel"],
             "model_type": "medusa",
@@ -272,15 +277,18 @@ class MedusaLayout(VLLMLayout):
             "num_hidden_layers": d.cfg.num_layers,
             "hidden_size": target.hidden_size,
             "vocab_size": target.vocab_size,
-            "truncated_vocab_size": target.vocab_size,
+            "truncated_vocab_size": vocab["truncated_vocab_size"],
             "medusa_fc_bias": True,
-            "original_lm_head": False,
+            "original_lm_head": vocab["original_lm_head"],
             "max_paths": 64,
             "topk": 10,
             "torch_dtype": dtype_name(dtype),
             "dtype": dtype_name(dtype),
         }
-        return config, cast_floats(d.state_dict_for_export(), dtype)
+        weights = cast_floats(d.state_dict_for_export(), dtype)
+        if d.cfg.draft_vocab_size:
+            weights = medusa_vocab.export_tensors(d, weights, vocab["original_lm_head"])
+        return config, weights
 
     def required_config_keys(self) -> list[str]:
         return ["model_type", "num_heads", "num_hidden_layers", "hidden_size", "vocab_size",
@@ -288,26 +296,31 @@ class MedusaLayout(VLLMLayout):
 
     def expected_tensors(self, config: dict) -> dict[str, TensorSpec]:
         dtype = DTYPES[config["torch_dtype"]]
-        h, V = config["hidden_size"], config["truncated_vocab_size"]
+        h, T = config["hidden_size"], config["truncated_vocab_size"]
         spec = {}
         for i in range(config["num_heads"]):
             for j in range(config["num_hidden_layers"]):
                 spec[f"blocks.{i}.layers.{j}.weight"] = TensorSpec((h, h), dtype)
                 if config["medusa_fc_bias"]:
                     spec[f"blocks.{i}.layers.{j}.bias"] = TensorSpec((h,), dtype)
-            spec[f"lm_heads.{i}.weight"] = TensorSpec((V, h), dtype)
+            if i == 0 or not config.get("original_lm_head"):  # original_lm_head: vLLM loads lm_heads.0 only
+                spec[f"lm_heads.{i}.weight"] = TensorSpec((T, h), dtype)
+        if T < config["vocab_size"]:  # vLLM's loader asserts a token_map then (export/medusa_vocab.py)
+            spec["token_map"] = TensorSpec((T,), torch.int64)
         return spec
 
     def check_format(self, export_dir: Path, config: dict, tensors: dict, loaded) -> list[str]:
-        return check_medusa(export_dir, config, loaded)
+        return check_medusa(export_dir, config, loaded, tensors)
 
     def load_back(self, export_dir: Path, loaded):
-        _, _, tensors = read_export(export_dir)
-        return load_plain(tensors, loaded, str(export_dir), without_lora=is_medusa2(loaded.drafter))
+        config, _, tensors = read_export(export_dir)
+        weights = medusa_vocab.drafter_weights(tensors, config, loaded.drafter.cfg.num_heads)
+        return load_plain(weights, loaded, str(export_dir), without_lora=is_medusa2(loaded.drafter))
 
     def reference_drafter(self, loaded, dtype: torch.dtype):
-        return load_plain(cast_floats(loaded.drafter.state_dict_for_export(), dtype), loaded, "trained drafter",
-                          without_lora=is_medusa2(loaded.drafter))
+        d = loaded.drafter
+        weights = d.state_dict_for_export() | ({"d2t": d.d2t} if d.cfg.draft_vocab_size else {})
+        return load_plain(cast_floats(weights, dtype), loaded, "trained drafter", without_lora=is_medusa2(d))
 
     def serve_command(self, out_dir: Path, loaded, opts: ExportOptions) -> str:
         if not is_medusa2(loaded.drafter):
@@ -397,20 +410,23 @@ def _mismatches(config: dict, want: dict) -> list[str]:
             for key, value in want.items() if config.get(key) != value]
 
 
-def check_medusa(export_dir: Path, config: dict, loaded) -> list[str]:
-    """Medusa config.json against the trained heads and vLLM's MedusaConfig; the Medusa-2 adapter."""
+def check_medusa(export_dir: Path, config: dict, loaded, tensors: dict | None = None) -> list[str]:
+    """Medusa config.json against the trained heads and vLLM's MedusaConfig; a draft vocabulary's
+    truncated_vocab_size / token_map as vLLM's loader reads them (export/medusa_vocab.py); the Medusa-2 adapter."""
     d, target = loaded.drafter, loaded.target
     problems = _mismatches(config, {
         "architectures": ["MedusaModel"], "model_type": "medusa", "num_heads": d.cfg.num_heads,
         "num_hidden_layers": d.cfg.num_layers, "hidden_size": target.hidden_size, "vocab_size": target.vocab_size,
-        # no token_map is exported: a smaller truncated_vocab_size would make vLLM's loader assert
-        "truncated_vocab_size": target.vocab_size,
+        # vLLM's heads project onto truncated_vocab_size rows; below vocab_size it maps them through token_map
+        "truncated_vocab_size": d.cfg.draft_vocab_size or target.vocab_size,
     })
     if d.cfg.num_layers > 0 and config.get("medusa_fc_bias") is not True:
         problems.append("config.json: medusa_fc_bias must be true: draftsmith's residual blocks have biases, and vLLM "
                         "builds bias-free blocks (dropping them) without it")
-    if config.get("original_lm_head"):
-        problems.append("config.json: original_lm_head must be false: each trained head has its own lm_heads.{i}")
+    side = read_json_object(Path(export_dir) / SIDECAR_FILE, "export's draftsmith.json")
+    problems += medusa_vocab.layout_problems(config, d, side.get("engine_version"))
+    if d.cfg.draft_vocab_size and tensors is not None:
+        problems += medusa_vocab.token_map_problems(tensors, d)
     if "num_lookahead_tokens" in config and config["num_lookahead_tokens"] != d.cfg.num_heads:
         problems.append(f"config.json: num_lookahead_tokens {config['num_lookahead_tokens']} would reset vLLM's "
                         f"num_heads (MedusaConfig maps one onto the other); drop it or set it to {d.cfg.num_heads}")
