@@ -109,6 +109,7 @@ def test_sigint_during_a_leaderboard_leaves_no_plots_without_a_page(tmp_path):
     out = tmp_path / "lb"
     script = textwrap.dedent(f"""
         import os, signal
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a runner started in the background ignores SIGINT
         from draftsmith.report import cli_leaderboard
         real = cli_leaderboard.render_markdown
         def interrupted(*a, **k):  # the plots are drawn; the page is not written yet
