@@ -5,18 +5,18 @@ norm, the target's embedding and lm_head) compared with draftsmith's drafter."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
 from conftest import LLAMA3_ROPE, make_checkpoint
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from draftsmith import checkpoint
 from draftsmith.export import EXPORTERS, export, refusals
 from draftsmith.export.common import ExportOptions, ExportValidationError
 from draftsmith.export.validate import validate_export
+from tests.export.tamper import tampered_copy
 
 LAYER = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
          "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "post_attention_layernorm.weight"]
@@ -124,17 +124,7 @@ def test_vllm_refuses_a_trained_fc_bias_and_sglang_takes_it(ckpts, exported, tmp
 
 
 def copy_with(result, tmp_path, edit_config=None, edit_tensors=None):
-    dst = tmp_path / "copy"
-    shutil.copytree(result.out_dir, dst)
-    if edit_tensors:
-        tensors = load_file(str(dst / "model.safetensors"))
-        edit_tensors(tensors)
-        save_file(tensors, str(dst / "model.safetensors"))
-    if edit_config:
-        config = json.loads((dst / "config.json").read_text())
-        edit_config(config)
-        (dst / "config.json").write_text(json.dumps(config))
-    return dst
+    return tampered_copy(result.out_dir, tmp_path / "copy", edit_tensors, edit_config)
 
 
 def problems(directory, fmt, loaded) -> str:

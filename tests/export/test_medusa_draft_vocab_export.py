@@ -6,19 +6,19 @@ hand on the exported tensors against draftsmith's own proposer."""
 from __future__ import annotations
 
 import json
-import shutil
 import types
 
 import pytest
 import torch
 from conftest import make_checkpoint
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from draftsmith import checkpoint
 from draftsmith.export import EXPORTERS, export
 from draftsmith.export.common import ExportOptions, ExportValidationError
 from draftsmith.export.validate import validate_export
 from draftsmith.sampling import SamplingParams
+from tests.export.tamper import tampered_copy
 
 H, V, DV = 32, 259, 40  # conftest.save_tiny_target: hidden 32, byte vocabulary 259
 CASES = {  # name: (drafter options, vLLM release)
@@ -54,19 +54,8 @@ def problems_of(directory, loaded) -> str:
     return str(err.value)
 
 
-def tampered(result, tmp_path, edit_tensors=None, edit_config=None, edit_sidecar=None):
-    dst = tmp_path / "t"
-    shutil.copytree(result.out_dir, dst)
-    if edit_tensors:
-        tensors = load_file(str(dst / "model.safetensors"))
-        edit_tensors(tensors)
-        save_file(tensors, str(dst / "model.safetensors"))
-    for name, edit in (("config.json", edit_config), ("draftsmith.json", edit_sidecar)):
-        if edit:
-            data = json.loads((dst / name).read_text())
-            edit(data)
-            (dst / name).write_text(json.dumps(data))
-    return dst
+def tampered(result, tmp_path, **edits):
+    return tampered_copy(result.out_dir, tmp_path / "t", **edits)
 
 
 # --------------------------------------------------------------------------- what is written, and the gate passes

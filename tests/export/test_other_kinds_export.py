@@ -17,6 +17,7 @@ from draftsmith import checkpoint
 from draftsmith.export import EXPORTERS, export
 from draftsmith.export.common import ExportOptions, ExportValidationError
 from draftsmith.export.validate import validate_export
+from tests.export.tamper import tampered_copy
 
 H, V = 32, 259  # conftest.save_tiny_target: hidden 32, byte vocabulary 259, 1024 positions
 
@@ -226,16 +227,7 @@ def copy_export(result, tmp_path):
 
 
 def tampered(result, tmp_path, edit_tensors=None, edit_config=None):
-    dst = copy_export(result, tmp_path)
-    if edit_tensors:
-        tensors = load_file(str(dst / "model.safetensors"))
-        edit_tensors(tensors)
-        save_file(tensors, str(dst / "model.safetensors"))
-    if edit_config:
-        config = json.loads((dst / "config.json").read_text())
-        edit_config(config)
-        (dst / "config.json").write_text(json.dumps(config))
-    return dst
+    return tampered_copy(result.out_dir, tmp_path / "t", edit_tensors, edit_config)
 
 
 def problems_of(directory, fmt, loaded):

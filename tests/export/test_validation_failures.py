@@ -2,16 +2,13 @@
 writes nothing into the output directory."""
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from draftsmith.export import EXPORTERS, export
 from draftsmith.export.common import ExportOptions, ExportValidationError
 from draftsmith.export.validate import validate_export
+from tests.export.tamper import tampered_copy
 
 
 @pytest.fixture(scope="module")
@@ -21,17 +18,7 @@ def good(eagle3_ckpt, eagle3_loaded, tmp_path_factory):
 
 
 def tampered(src, tmp_path, edit_tensors=None, edit_config=None):
-    dst = tmp_path / "t"
-    shutil.copytree(src, dst)
-    if edit_tensors:
-        tensors = load_file(str(dst / "model.safetensors"))
-        edit_tensors(tensors)
-        save_file(tensors, str(dst / "model.safetensors"))
-    if edit_config:
-        config = json.loads((dst / "config.json").read_text())
-        edit_config(config)
-        (dst / "config.json").write_text(json.dumps(config))
-    return dst
+    return tampered_copy(src, tmp_path / "t", edit_tensors, edit_config)
 
 
 def problems_of(directory, fmt, loaded):
