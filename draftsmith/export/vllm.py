@@ -410,7 +410,7 @@ def _mismatches(config: dict, want: dict) -> list[str]:
             for key, value in want.items() if config.get(key) != value]
 
 
-def check_medusa(export_dir: Path, config: dict, loaded, tensors: dict | None = None) -> list[str]:
+def check_medusa(export_dir: Path, config: dict, loaded, tensors: dict) -> list[str]:
     """Medusa config.json against the trained heads and vLLM's MedusaConfig; a draft vocabulary's
     truncated_vocab_size / token_map as vLLM's loader reads them (export/medusa_vocab.py); the Medusa-2 adapter."""
     d, target = loaded.drafter, loaded.target
@@ -425,7 +425,7 @@ def check_medusa(export_dir: Path, config: dict, loaded, tensors: dict | None = 
                         "builds bias-free blocks (dropping them) without it")
     side = read_json_object(Path(export_dir) / SIDECAR_FILE, "export's draftsmith.json")
     problems += medusa_vocab.layout_problems(config, d, side.get("engine_version"))
-    if d.cfg.draft_vocab_size and tensors is not None:
+    if d.cfg.draft_vocab_size:
         problems += medusa_vocab.token_map_problems(tensors, d)
     if "num_lookahead_tokens" in config and config["num_lookahead_tokens"] != d.cfg.num_heads:
         problems.append(f"config.json: num_lookahead_tokens {config['num_lookahead_tokens']} would reset vLLM's "
