@@ -13,6 +13,8 @@ over prompts, and the lossless status (bf16: identical up to named near-ties; fl
     OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/bench_real_target.py --dtype bfloat16
     OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/bench_real_target.py --no-ngram \
         runs/eagle3-gemma3-270m/final:5 --dtype bfloat16 --no-hf
+    OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/bench_real_target.py --ngram-first \
+        runs/eagle3-gemma3-270m-regen/final:4 --dtype bfloat16 --no-hf     # the n-gram row + the drafter behind it
 
 Checkpoints are PATH or PATH:K (K draft tokens for that one; default --k). Results: one eval results
 JSON per kind (docs/results-schema.md) plus summary-<dtype>-<tag>.json in --out-dir, and a markdown
@@ -46,6 +48,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", nargs="*", help="trained checkpoints (runs/NAME/final), each PATH or PATH:K")
     p.add_argument("--ngram", action=argparse.BooleanOptionalAction, default=True, help="the n-gram proposer row")
+    p.add_argument("--ngram-first", action="store_true",
+                   help="run each checkpoint behind prompt lookup (draftsmith eval --ngram-first): the lookup drafts "
+                        "the rounds where it matches, the drafter the others; rows are labelled NAME+ngram-first")
+    p.add_argument("--ngram-min", type=int, default=1,
+                   help="shortest n-gram matched, for the n-gram row and the lookup of --ngram-first rows")
     p.add_argument("--target", default="installed:gemma3-270m")
     p.add_argument("--workloads", default=DEFAULT_WORKLOADS)
     p.add_argument("--num-prompts", type=int, default=6)
@@ -81,10 +88,14 @@ def kind_rows(args) -> list[dict]:
     """One row per kind: what to pass to EvalOptions and a label."""
     rows = []
     if args.ngram:
-        rows.append({"label": "ngram", "options": {"proposer": "ngram", "target": args.target}, "k": args.k})
+        rows.append({"label": "ngram", "options": {"proposer": "ngram", "target": args.target,
+                                                   "ngram_min": args.ngram_min}, "k": args.k})
     for spec in args.checkpoints:
         path, k = split_checkpoint(spec, args.k)
-        rows.append({"label": Path(path).resolve().parent.name, "options": {"path": path}, "k": k})
+        label, options = Path(path).resolve().parent.name, {"path": path}
+        if args.ngram_first:
+            label, options = label + "+ngram-first", {**options, "ngram_first": True, "ngram_min": args.ngram_min}
+        rows.append({"label": label, "options": options, "k": k})
     return rows
 
 
@@ -205,6 +216,8 @@ def summarize(row: dict, results: dict, hf: dict | None) -> list[dict]:
                  "speedup_vs_target_only": a["speedup"], "decode_speedup_vs_target_only": a["tpot_speedup"],
                  "target_tokens_per_s": a["target_tokens_per_s"], "spec_tokens_per_s": a["spec_tokens_per_s"],
                  "lossless": lossless_text(results, name), "lossless_passed": results["lossless"].get("passed")}
+        if "ngram_first_rounds" in w:  # --ngram-first: rounds the lookup and the drafter drafted
+            entry["ngram_first_rounds"] = w["ngram_first_rounds"]
         if hf and name in hf:
             by_id = hf[name]
             pairs = [(r, by_id[r["id"]]) for r in reqs if r["id"] in by_id]

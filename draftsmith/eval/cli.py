@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ngram-max", type=int, default=3, help="ngram proposer: longest n-gram matched")
     p.add_argument("--ngram-min", type=int, default=1, help="ngram proposer: shortest n-gram matched")
     p.add_argument("--ngram-match", choices=["first", "last"], default="first", help="ngram: earliest or latest match")
+    p.add_argument("--ngram-first", action="store_true",
+                   help="with a checkpoint PATH: prompt lookup (--ngram-max/--ngram-min/--ngram-match) drafts every round "
+                        "where it finds a match, the checkpoint's drafter only the rounds where it finds none (chains)")
     p.add_argument("--workloads", default="spec_bench",
                    help=f"comma-separated: {', '.join(sorted(set(workloads.WORKLOADS.names()) | set(workloads.GROUPS)))}, "
                         "jsonl:PATH")
@@ -123,12 +126,16 @@ def _load(args):
                               dtype=args.dtype)
         drafter, target = loaded.drafter, loaded.target
         log = Path(args.path).parent / "metrics.jsonl"
-        identity = {"kind": loaded.meta.get("kind", drafter.kind), "name": Path(args.path).resolve().parent.name,
+        name, lookup = Path(args.path).resolve().parent.name, None
+        if args.ngram_first:
+            lookup = {"max_ngram": args.ngram_max, "min_ngram": args.ngram_min, "match": args.ngram_match}
+            name += f"+ngram-first(max={args.ngram_max},min={args.ngram_min},{args.ngram_match})"
+        identity = {"kind": loaded.meta.get("kind", drafter.kind), "name": name,
                     "path": str(args.path), "fingerprint": results.module_fingerprint(drafter, drafter.state_dict_for_export()),
                     "num_params": sum(t.numel() for t in drafter.state_dict_for_export().values()),
                     "trainable_params": sum(p.numel() for p in drafter.trainable_parameters()),
-                    "training_log": str(log) if log.exists() else None}
-        return target, proposers.from_drafter(drafter, target), identity
+                    "training_log": str(log) if log.exists() else None, "ngram_first": lookup}
+        return target, proposers.from_drafter(drafter, target, ngram_first=lookup), identity
     if not args.target:
         raise UserError("--target is required with --draft-model or --proposer (or give a checkpoint PATH)")
     kind = args.proposer or ("draft_lm" if args.draft_model else None)
@@ -166,6 +173,12 @@ def check_args(args: argparse.Namespace) -> None:
                 (args.top_k < 0, f"--top-k {args.top_k}: must be >= 0 (0: off)"),
                 (finite and not 0.0 < args.top_p <= 1.0, f"--top-p {args.top_p}: must lie in (0, 1] (1: off)"),
                 (args.batch_size is not None and args.batch_size < 1, f"--batch-size {args.batch_size}: must be >= 1"),
+                (args.ngram_first and not args.path,
+                 "--ngram-first puts a checkpoint's drafter behind prompt lookup: give the checkpoint PATH "
+                 "(for prompt lookup alone use --proposer ngram)"),
+                (args.ngram_first and bool(args.tree), "--ngram-first drafts chains: drop --tree"),
+                (args.ngram_first and bool(getattr(args, "engine", None)),
+                 "--ngram-first runs in draftsmith's loop only (no engine serves it): drop --engine"),
                 (not [w for w in args.workloads.split(",") if w.strip()],
                  f"--workloads {args.workloads!r}: names no workload; give e.g. --workloads spec_bench,mt_bench"),
                 (args.dtype is not None and args.dtype not in DTYPES,
@@ -221,6 +234,7 @@ class EvalOptions:
     ngram_max: int = 3
     ngram_min: int = 1
     ngram_match: str = "first"
+    ngram_first: bool = False
     workloads: str = "spec_bench"
     k: int = 5
     tree: Optional[str] = None
@@ -331,7 +345,13 @@ def run(args: EvalOptions) -> EvalRun:
     for name in names:
         shape = f"tree={tree.kind} depth={tree.depth} topk={tree.topk} budget={tree.budget}" if tree else f"k={args.k}"
         print(f"[eval] {name}: {drafter_id['name']} {shape} ...", flush=True)
+        before = dict(getattr(proposer, "rounds", {}))
         per_workload[name] = runner.run_workload(target, proposer, name, settings)
+        if isinstance(proposer, proposers.NgramFirstProposer):
+            split = {side: proposer.rounds[side] - before.get(side, 0) for side in ("ngram", "drafter")}
+            per_workload[name]["ngram_first_rounds"] = split
+            print(f"[eval] {name}: --ngram-first: prompt lookup drafted {split['ngram']} rounds, the drafter "
+                  f"{split['drafter']} (every speculative run: warmup, repeats, lossless rerun)", flush=True)
         if batch_sizes:
             print(f"[eval] {name}: batched decoding, B in {batch_sizes} ...", flush=True)
             per_workload[name]["batched"] = runner.run_batched(target, proposer, name, settings, batch_sizes)

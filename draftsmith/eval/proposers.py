@@ -7,11 +7,15 @@
 - replay:   benchmarks only: proposes a known continuation (the target's own greedy output)
             and misses at a controlled rate, to measure the loop against its physical bound.
 - trained drafters (eagle3, ...): `drafter.make_proposer(target)`, see `from_drafter`.
+- ngram_first: a trained drafter behind prompt lookup (`draftsmith eval CKPT --ngram-first`):
+            the lookup drafts when it finds a match, the drafter only when it does not.
 
 PROPOSERS maps a name to a builder `(target, **options) -> Proposer`; later kinds register here.
 """
 from __future__ import annotations
 
+import copy
+from collections import Counter
 from typing import Callable
 
 import torch
@@ -20,7 +24,7 @@ from draftsmith.heads.base import Draft
 from draftsmith.heads.draft_lm import DraftModelProposer, check_same_tokenizer
 from draftsmith.registry import Registry
 from draftsmith.sampling import SamplingParams
-from draftsmith.target import Target
+from draftsmith.target import Target, TargetOutput
 
 PROPOSERS: Registry[Callable] = Registry("proposer")
 
@@ -63,6 +67,61 @@ class NgramProposer:
                 start = int(hits[0 if self.match == "first" else -1].item()) + n
                 return Draft(tokens=context[start:start + k].clone())  # probs None: q one-hot
         return _empty_draft(context.device)
+
+
+class NgramFirstProposer:
+    """Prompt lookup first, a trained drafter where the lookup has nothing (`draftsmith eval CKPT --ngram-first`).
+
+    On a target whose output copies its context (a base model's greedy answers), the lookup is free and
+    usually right when it matches, while a drafter costs a forward per draft token. So every round asks
+    `ngram` first (matches of at least its min_ngram tokens); only a round where it finds none is drafted
+    by `drafter`. Each round's draft comes whole from one of the two, with that one's q (one-hot for the
+    lookup), so greedy and stochastic verification stay exact.
+
+    The drafter's commits are deferred while the lookup drafts: the target states of those rounds are
+    kept (hidden states only; no commit reads logits) and fed to the drafter in ONE commit, merged along
+    the positions, the next time it drafts. Rounds the lookup drafts cost no drafter time at all.
+    `rounds` counts the rounds each side drafted; copies (one per request of a batched run) share it.
+    Chain drafting only: trees need one proposer's ranked candidates.
+    """
+
+    def __init__(self, ngram: NgramProposer, drafter, rounds: Counter | None = None):
+        self.ngram, self.drafter = ngram, drafter
+        self.name = f"ngram_first+{getattr(drafter, 'name', type(drafter).__name__)}"
+        self.rounds = rounds if rounds is not None else Counter()  # "ngram" / "drafter" -> rounds drafted
+        self.pending: list[tuple[int, tuple[torch.Tensor, ...]]] = []  # (num_new, hidden states) not yet committed
+
+    def __copy__(self) -> "NgramFirstProposer":
+        return NgramFirstProposer(copy.copy(self.ngram), copy.copy(self.drafter), self.rounds)
+
+    def begin(self, prompt_ids: torch.Tensor) -> None:
+        self.drafter.begin(prompt_ids)
+        self.pending = []
+
+    def commit(self, context: torch.Tensor, num_new: int, target_out) -> None:
+        self.pending.append((num_new, target_out.hidden_states))
+
+    def _catch_up(self, context: torch.Tensor) -> None:
+        """One drafter commit over every position committed since it last drafted."""
+        if not self.pending:
+            return
+        num_new = sum(n for n, _ in self.pending)
+        if len(self.pending) == 1:
+            hidden = self.pending[0][1]
+        else:  # per layer: [1, m_1, h] ... [1, m_r, h] -> [1, num_new, h]
+            hidden = tuple(torch.cat(layer, dim=1) for layer in zip(*(h for _, h in self.pending)))
+        self.pending = []
+        self.drafter.commit(context, num_new, TargetOutput(logits=None, hidden_states=hidden))
+
+    def propose(self, context: torch.Tensor, k: int, sampling: SamplingParams,
+                generator: torch.Generator | None = None) -> Draft:
+        draft = self.ngram.propose(context, k, sampling, generator)
+        if draft.tokens.numel():
+            self.rounds["ngram"] += 1
+            return draft
+        self.rounds["drafter"] += 1
+        self._catch_up(context)
+        return self.drafter.propose(context, k, sampling, generator)
 
 
 class ReplayProposer:
@@ -117,10 +176,14 @@ def build_ngram(target: Target, max_ngram: int = 3, min_ngram: int = 1, match: s
     return NgramProposer(max_ngram=max_ngram, min_ngram=min_ngram, match=match)
 
 
-def from_drafter(drafter, target: Target):
-    """A trained drafter (heads/: eagle3, ...) as a proposer: the drafter builds it itself."""
+def from_drafter(drafter, target: Target, ngram_first: dict | None = None):
+    """A trained drafter (heads/: eagle3, ...) as a proposer: the drafter builds it itself. With
+    ngram_first (NgramProposer options: max_ngram, min_ngram, match) it drafts behind prompt lookup."""
     drafter.eval()
-    return drafter.make_proposer(target)
+    proposer = drafter.make_proposer(target)
+    if ngram_first is not None:
+        proposer = NgramFirstProposer(NgramProposer(**ngram_first), proposer)
+    return proposer
 
 
 def build(kind: str, target: Target, **options):

@@ -67,7 +67,9 @@ class Proposer(Protocol):
         """context: [N] all committed ids, the newest num_new of them just committed.
         target_out: TargetOutput over exactly num_new positions, position j being the target
         state whose next token is context[N - num_new + j] (after the prefill, num_new is the
-        prompt length minus 1 plus the first generated token, i.e. len(prompt))."""
+        prompt length minus 1 plus the first generated token, i.e. len(prompt)).
+        A commit reads target_out.hidden_states only: its logits may be None (NgramFirstProposer merges
+        the states of several deferred rounds into one commit and keeps no logits)."""
 
     def propose(self, context: torch.Tensor, k: int, sampling, generator: torch.Generator | None) -> Draft:
         """Propose k tokens following context. `sampling` is draftsmith.sampling.SamplingParams."""

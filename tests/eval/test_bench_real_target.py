@@ -44,3 +44,21 @@ def test_bench_real_target_on_the_toy_target(tmp_path, capsys):
     (pld,) = summary["transformers"]
     assert pld["lossless"] == "2/2 identical to plain generate"  # float32 prompt lookup is exact
     assert "| ngram | 4 | pycode | 2 |" in capsys.readouterr().out
+
+
+def test_ngram_first_rows_run_the_checkpoint_behind_the_lookup(tmp_path):
+    """--ngram-first: a checkpoint row runs as `eval --ngram-first` with --ngram-min, labelled NAME+ngram-first,
+    and its summary rows carry the split of rounds between the lookup and the drafter."""
+    from tests.export.conftest import make_checkpoint
+
+    ckpt = make_checkpoint(tmp_path / "ck", "eagle3", {"ttt_steps": 2})
+    bench = load_bench()
+    rc = bench.main([str(ckpt), "--no-ngram", "--no-hf", "--ngram-first", "--ngram-min", "2", "--workloads", "pycode",
+                     "--num-prompts", "2", "--max-new-tokens", "12", "--dtype", "float32", "--k", "3",
+                     "--out-dir", str(tmp_path / "out"), "--tag", "t"])
+    assert rc == 0
+    (row,) = json.loads((tmp_path / "out" / "summary-float32-t.json").read_text())["rows"]
+    assert row["kind"] == "ck+ngram-first" and row["lossless_passed"] is True
+    assert sum(row["ngram_first_rounds"].values()) > 0
+    results = json.loads((tmp_path / "out" / "ck+ngram-first-float32-k3-t.json").read_text())
+    assert results["drafter"]["ngram_first"]["min_ngram"] == 2

@@ -1,0 +1,153 @@
+"""NgramFirstProposer (`draftsmith eval CKPT --ngram-first`): prompt lookup drafts where it matches, the
+trained drafter where it does not, and the drafter's deferred commits change nothing it drafts.
+
+- every round the drafter drafts, its draft equals that of a twin proposer of the same drafter that
+  was committed after every round (one merged commit over the deferred rounds = the rounds one by one);
+- the output is target-only greedy output; batched rows get their own inner proposers;
+- at T = 1 the hybrid reproduces the target's law (both sides drafting, each with its own q);
+- the eval command records the split of rounds, and refuses the flag without a checkpoint or with a tree.
+"""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from eval_toys import fixed_logit_target
+from test_generate_chi2 import RUNS, V, _laws, _tables
+from test_verification import chi_square_pvalue
+
+from draftsmith.cli import main as cli_main
+from draftsmith.eval.loop import LoopConfig, generate, generate_batch
+from draftsmith.eval.proposers import NgramFirstProposer, NgramProposer
+from draftsmith.heads import DRAFTERS
+from draftsmith.heads.draft_lm import DraftModelProposer
+from draftsmith.sampling import SamplingParams
+from draftsmith.testing import tiny_target
+from tests.export.conftest import make_checkpoint
+
+
+class EagerTwin:
+    """Drives a hybrid and, beside it, a second proposer of the same drafter committed after EVERY round;
+    each round the hybrid's drafter drafts, the twin drafts the same context and the two are compared."""
+
+    def __init__(self, hybrid: NgramFirstProposer, twin):
+        self.hybrid, self.twin, self.name, self.compared = hybrid, twin, "eager-twin", 0
+
+    def begin(self, prompt_ids):
+        self.hybrid.begin(prompt_ids)
+        self.twin.begin(prompt_ids)
+
+    def commit(self, context, num_new, target_out):
+        self.hybrid.commit(context, num_new, target_out)
+        self.twin.commit(context, num_new, target_out)
+
+    def propose(self, context, k, sampling, generator=None):
+        before = self.hybrid.rounds["drafter"]
+        draft = self.hybrid.propose(context, k, sampling, generator)
+        if self.hybrid.rounds["drafter"] > before:
+            eager = self.twin.propose(context, k, sampling, generator)
+            assert draft.tokens.tolist() == eager.tokens.tolist(), context.shape[0]
+            torch.testing.assert_close(draft.probs, eager.probs, atol=1e-5, rtol=1e-4)
+            self.compared += 1
+        return draft
+
+
+def _drafter(kind: str, target, options: dict):
+    torch.manual_seed(3)
+    d = DRAFTERS.get(kind).from_target(DRAFTERS.get(kind).Config(**options), target, None)
+    with torch.no_grad():
+        for p in d.trainable_parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return d.eval()
+
+
+@pytest.mark.parametrize("kind, options", [
+    ("eagle3", {"ttt_steps": 2}),  # its own KV cache, rolled back in commit (FeatureChainProposer)
+    ("dflash", {"block_size": 4, "num_layers": 1}),  # context K/V appended per commit (block drafter)
+    ("medusa", {"num_heads": 3}),  # the last committed state only (LastStateProposer)
+], ids=["eagle3", "dflash", "medusa"])
+def test_deferred_commits_draft_what_eager_commits_draft(kind, options):
+    target = tiny_target(num_layers=4, hidden=32, seed=0)
+    d = _drafter(kind, target, options)
+    prompt = torch.tensor([5, 6, 7, 8, 5, 6, 9, 10, 11, 5, 6, 7])  # repeats: the lookup matches some rounds
+    base = generate(target, None, prompt, LoopConfig(k=0, max_new_tokens=48))
+    hybrid = NgramFirstProposer(NgramProposer(max_ngram=3, min_ngram=2), d.make_proposer(target))
+    twin = EagerTwin(hybrid, d.make_proposer(target))
+    gen = generate(target, twin, prompt, LoopConfig(k=3, max_new_tokens=48))
+    assert gen.tokens == base.tokens  # lossless
+    assert hybrid.rounds["ngram"] >= 1 and hybrid.rounds["drafter"] >= 2, hybrid.rounds
+    assert twin.compared == hybrid.rounds["drafter"]
+    # at least one drafter round came after lookup rounds, i.e. after a merged commit of deferred rounds
+    assert len(gen.rounds) > hybrid.rounds["drafter"] + 1
+
+
+def test_batched_rows_get_their_own_inner_proposers_and_share_the_count():
+    target = tiny_target(num_layers=4, hidden=32, seed=0)
+    d = _drafter("eagle3", target, {"ttt_steps": 2})
+    hybrid = NgramFirstProposer(NgramProposer(max_ngram=3, min_ngram=2), d.make_proposer(target))
+    rows = [copy.copy(hybrid) for _ in range(3)]
+    assert len({id(r.drafter) for r in rows}) == 3 and all(r.rounds is hybrid.rounds for r in rows)
+    prompts = [torch.tensor([5, 6, 7, 5, 6]), torch.tensor([20, 21, 22]), torch.tensor([9, 9, 9, 9])]
+    cfg = LoopConfig(k=3, max_new_tokens=24)
+    gens = generate_batch(target, rows, prompts, cfg)
+    for p, g in zip(prompts, gens):
+        assert g.tokens == generate(target, None, p, LoopConfig(k=0, max_new_tokens=24)).tokens
+    # every round that drafted was drafted by one side (a row's last round, with one token left, drafts nothing)
+    assert sum(hybrid.rounds.values()) == sum(1 for g in gens for r in g.rounds if r.proposed)
+
+
+def test_ngram_first_reproduces_the_target_law_at_t1():
+    """Each round's draft comes whole from one side with that side's q (one-hot for the lookup): the
+    loop's output law is the target's (the chi-square protocol of test_generate_chi2.py)."""
+    p_logits, q_logits = _tables()
+    target = fixed_logit_target(p_logits)
+    hybrid = NgramFirstProposer(NgramProposer(max_ngram=2, min_ngram=1),
+                                DraftModelProposer(fixed_logit_target(q_logits).model, V))
+    cfg = LoopConfig(k=3, max_new_tokens=4, sampling=SamplingParams(temperature=1.0), eos_ids=[])
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.tensor([0, 3, 0])  # "0" recurs: the lookup has a match in the first round
+    counts23, counts4 = torch.zeros(V, V), torch.zeros(V)
+    for _ in range(RUNS):
+        g = generate(target, hybrid, prompt, cfg, gen)
+        counts23[g.tokens[1], g.tokens[2]] += 1
+        counts4[g.tokens[3]] += 1
+    assert hybrid.rounds["ngram"] > 100 and hybrid.rounds["drafter"] > 100, hybrid.rounds
+    first = torch.softmax(p_logits[0].double(), -1)
+    joint23, t4 = _laws(p_logits, first)
+    assert chi_square_pvalue(counts23.flatten(), joint23.flatten()) > 1e-3
+    assert chi_square_pvalue(counts4, t4) > 1e-3
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("ngram-first"), "eagle3", {"ttt_steps": 2})
+
+
+def test_eval_records_the_split_and_names_the_hybrid(ckpt, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "hello hello hello"}\n{"id": "b", "prompt": "abc abd abc"}\n')
+    out = tmp_path / "r.json"
+    rc = cli_main(["eval", str(ckpt), "--ngram-first", "--ngram-min", "2", "--workloads", f"jsonl:{prompts}",
+                   "--k", "3", "--max-new-tokens", "24", "--warmup", "0", "--device", "cpu", "--check-lossless",
+                   "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert rc == 0 and res["lossless"]["passed"] is True
+    assert res["drafter"]["kind"] == "eagle3" and res["drafter"]["name"].endswith("+ngram-first(max=3,min=2,first)")
+    assert res["drafter"]["ngram_first"] == {"max_ngram": 3, "min_ngram": 2, "match": "first"}
+    split = next(iter(res["workloads"].values()))["ngram_first_rounds"]
+    assert split["ngram"] + split["drafter"] > 0
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--proposer", "ngram", "--target", "builtin:pycode-tiny"], "give the checkpoint PATH"),
+    (["CKPT", "--tree", "dynamic"], "drop --tree"),
+])
+def test_ngram_first_refusals_are_one_line(ckpt, tmp_path, capsys, extra, needle):
+    argv = ["eval", *[str(ckpt) if a == "CKPT" else a for a in extra], "--ngram-first", "--workloads", "pycode",
+            "--out", str(tmp_path / "r.json")]
+    assert cli_main(argv) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and needle in err[0] and "--ngram-first" in err[0], err
+    assert not (tmp_path / "r.json").exists()
