@@ -79,27 +79,31 @@ class NgramFirstProposer:
     lookup), so greedy and stochastic verification stay exact.
 
     The drafter's commits are deferred while the lookup drafts: the target states of those rounds are
-    kept (hidden states only; no commit reads logits) and fed to the drafter in ONE commit, merged along
-    the positions, the next time it drafts. Rounds the lookup drafts cost no drafter time at all.
+    kept (hidden states only, copied out of the verification output so a batched run's [B, q, h] tensors
+    are freed; no commit reads logits) and fed to the drafter in ONE commit, merged along the positions,
+    the next time it drafts, or after max_pending deferred rounds (a bound on what is held; a merged
+    commit equals the rounds' commits one by one). Most rounds the lookup drafts cost no drafter time.
     `rounds` counts the rounds each side drafted; copies (one per request of a batched run) share it.
     Chain drafting only: trees need one proposer's ranked candidates.
     """
 
-    def __init__(self, ngram: NgramProposer, drafter, rounds: Counter | None = None):
-        self.ngram, self.drafter = ngram, drafter
+    def __init__(self, ngram: NgramProposer, drafter, rounds: Counter | None = None, max_pending: int = 16):
+        self.ngram, self.drafter, self.max_pending = ngram, drafter, max_pending
         self.name = f"ngram_first+{getattr(drafter, 'name', type(drafter).__name__)}"
         self.rounds = rounds if rounds is not None else Counter()  # "ngram" / "drafter" -> rounds drafted
         self.pending: list[tuple[int, tuple[torch.Tensor, ...]]] = []  # (num_new, hidden states) not yet committed
 
     def __copy__(self) -> "NgramFirstProposer":
-        return NgramFirstProposer(copy.copy(self.ngram), copy.copy(self.drafter), self.rounds)
+        return NgramFirstProposer(copy.copy(self.ngram), copy.copy(self.drafter), self.rounds, self.max_pending)
 
     def begin(self, prompt_ids: torch.Tensor) -> None:
         self.drafter.begin(prompt_ids)
         self.pending = []
 
     def commit(self, context: torch.Tensor, num_new: int, target_out) -> None:
-        self.pending.append((num_new, target_out.hidden_states))
+        self.pending.append((num_new, tuple(h.clone() for h in target_out.hidden_states)))
+        if len(self.pending) >= self.max_pending:
+            self._catch_up(context)
 
     def _catch_up(self, context: torch.Tensor) -> None:
         """One drafter commit over every position committed since it last drafted."""

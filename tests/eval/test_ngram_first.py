@@ -67,13 +67,19 @@ def _drafter(kind: str, target, options: dict):
     ("eagle3", {"ttt_steps": 2}),  # its own KV cache, rolled back in commit (FeatureChainProposer)
     ("dflash", {"block_size": 4, "num_layers": 1}),  # context K/V appended per commit (block drafter)
     ("medusa", {"num_heads": 3}),  # the last committed state only (LastStateProposer)
-], ids=["eagle3", "dflash", "medusa"])
-def test_deferred_commits_draft_what_eager_commits_draft(kind, options):
+    ("eagle1", {}),
+    ("peagle", {"num_depths": 3}),
+    ("dspark", {"block_size": 4}),
+    ("mlp_speculator", {"n_predict": 3}),
+], ids=["eagle3", "dflash", "medusa", "eagle1", "peagle", "dspark", "mlp_speculator"])
+@pytest.mark.parametrize("max_pending", [16, 2], ids=["pending16", "flush-every-2"])
+def test_deferred_commits_draft_what_eager_commits_draft(kind, options, max_pending):
     target = tiny_target(num_layers=4, hidden=32, seed=0)
     d = _drafter(kind, target, options)
     prompt = torch.tensor([5, 6, 7, 8, 5, 6, 9, 10, 11, 5, 6, 7])  # repeats: the lookup matches some rounds
     base = generate(target, None, prompt, LoopConfig(k=0, max_new_tokens=48))
-    hybrid = NgramFirstProposer(NgramProposer(max_ngram=3, min_ngram=2), d.make_proposer(target))
+    hybrid = NgramFirstProposer(NgramProposer(max_ngram=3, min_ngram=2), d.make_proposer(target),
+                                max_pending=max_pending)
     twin = EagerTwin(hybrid, d.make_proposer(target))
     gen = generate(target, twin, prompt, LoopConfig(k=3, max_new_tokens=48))
     assert gen.tokens == base.tokens  # lossless
