@@ -61,6 +61,8 @@ def check_engine_args(args) -> None:
                 (bool(args.batch_size or args.concurrency_sweep), "--engine llama.cpp runs batch 1; drop --batch-size / "
                                                                   "--concurrency-sweep"),
                 (args.k < 1, f"--k {args.k}: --engine llama.cpp needs k >= 1"),
+                (getattr(args, "ngram_first", False),
+                 "--ngram-first runs in draftsmith's loop only (no engine serves it): drop --engine or --ngram-first"),
                 (args.engine_threads < 1, f"--engine-threads {args.engine_threads}: must be >= 1")]
     for bad, message in problems:
         if bad:

@@ -177,8 +177,6 @@ def check_args(args: argparse.Namespace) -> None:
                  "--ngram-first puts a checkpoint's drafter behind prompt lookup: give the checkpoint PATH "
                  "(for prompt lookup alone use --proposer ngram)"),
                 (args.ngram_first and bool(args.tree), "--ngram-first drafts chains: drop --tree"),
-                (args.ngram_first and bool(getattr(args, "engine", None)),
-                 "--ngram-first runs in draftsmith's loop only (no engine serves it): drop --engine"),
                 (not [w for w in args.workloads.split(",") if w.strip()],
                  f"--workloads {args.workloads!r}: names no workload; give e.g. --workloads spec_bench,mt_bench"),
                 (args.dtype is not None and args.dtype not in DTYPES,
@@ -345,9 +343,10 @@ def run(args: EvalOptions) -> EvalRun:
     for name in names:
         shape = f"tree={tree.kind} depth={tree.depth} topk={tree.topk} budget={tree.budget}" if tree else f"k={args.k}"
         print(f"[eval] {name}: {drafter_id['name']} {shape} ...", flush=True)
-        before = dict(getattr(proposer, "rounds", {}))
+        hybrid = isinstance(proposer, proposers.NgramFirstProposer)
+        before = dict(proposer.rounds) if hybrid else {}
         per_workload[name] = runner.run_workload(target, proposer, name, settings)
-        if isinstance(proposer, proposers.NgramFirstProposer):
+        if hybrid:
             split = {side: proposer.rounds[side] - before.get(side, 0) for side in ("ngram", "drafter")}
             per_workload[name]["ngram_first_rounds"] = split
             print(f"[eval] {name}: --ngram-first: prompt lookup drafted {split['ngram']} rounds, the drafter "

@@ -110,10 +110,8 @@ class NgramFirstProposer:
         if not self.pending:
             return
         num_new = sum(n for n, _ in self.pending)
-        if len(self.pending) == 1:
-            hidden = self.pending[0][1]
-        else:  # per layer: [1, m_1, h] ... [1, m_r, h] -> [1, num_new, h]
-            hidden = tuple(torch.cat(layer, dim=1) for layer in zip(*(h for _, h in self.pending)))
+        # per layer: [1, m_1, h] ... [1, m_r, h] -> [1, num_new, h]
+        hidden = tuple(torch.cat(layer, dim=1) for layer in zip(*(h for _, h in self.pending)))
         self.pending = []
         self.drafter.commit(context, num_new, TargetOutput(logits=None, hidden_states=hidden))
 
