@@ -50,7 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ngram", action=argparse.BooleanOptionalAction, default=True, help="the n-gram proposer row")
     p.add_argument("--ngram-first", action="store_true",
                    help="run each checkpoint behind prompt lookup (draftsmith eval --ngram-first): the lookup drafts "
-                        "the rounds where it matches, the drafter the others; rows are labelled NAME+ngram-first")
+                        "the rounds where it matches (up to --k tokens, as the n-gram row), the drafter the others (up "
+                        "to the checkpoint's :K, --drafter-k); rows are labelled NAME+ngram-first[-dkK]")
     p.add_argument("--ngram-min", type=int, default=1,
                    help="shortest n-gram matched, for the n-gram row and the lookup of --ngram-first rows")
     p.add_argument("--target", default="installed:gemma3-270m")
@@ -93,8 +94,14 @@ def kind_rows(args) -> list[dict]:
     for spec in args.checkpoints:
         path, k = split_checkpoint(spec, args.k)
         label, options = Path(path).resolve().parent.name, {"path": path}
-        if args.ngram_first:
-            label, options = label + "+ngram-first", {**options, "ngram_first": True, "ngram_min": args.ngram_min}
+        if args.ngram_first:  # the lookup drafts up to --k, as the n-gram row; the drafter its own :K
+            if k > args.k:
+                raise SystemExit(f"bench_real_target: {spec}: behind the lookup a drafter drafts at most --k "
+                                 f"({args.k}) tokens; give --k {k} or {path}:{args.k}")
+            label += "+ngram-first" + (f"-dk{k}" if k < args.k else "")
+            options = {**options, "ngram_first": True, "ngram_min": args.ngram_min,
+                       "drafter_k": k if k < args.k else None}
+            k = args.k
         rows.append({"label": label, "options": options, "k": k})
     return rows
 

@@ -63,6 +63,8 @@ def check_engine_args(args) -> None:
                 (args.k < 1, f"--k {args.k}: --engine llama.cpp needs k >= 1"),
                 (getattr(args, "ngram_first", False),
                  "--ngram-first runs in draftsmith's loop only (no engine serves it): drop --engine or --ngram-first"),
+                (getattr(args, "drafter_k", None) is not None,
+                 "--drafter-k caps a drafter behind --ngram-first, which no engine serves: drop --engine or --drafter-k"),
                 (args.engine_threads < 1, f"--engine-threads {args.engine_threads}: must be >= 1")]
     for bad, message in problems:
         if bad:

@@ -47,6 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ngram-first", action="store_true",
                    help="with a checkpoint PATH: prompt lookup (--ngram-max/--ngram-min/--ngram-match) drafts every round "
                         "where it finds a match, the checkpoint's drafter only the rounds where it finds none (chains)")
+    p.add_argument("--drafter-k", type=int, default=None,
+                   help="--ngram-first: the drafter's rounds draft at most this many tokens, the lookup's up to --k "
+                        "(default: --k for both; a long copy costs nothing to draft)")
     p.add_argument("--workloads", default="spec_bench",
                    help=f"comma-separated: {', '.join(sorted(set(workloads.WORKLOADS.names()) | set(workloads.GROUPS)))}, "
                         "jsonl:PATH")
@@ -129,13 +132,15 @@ def _load(args):
         name, lookup = Path(args.path).resolve().parent.name, None
         if args.ngram_first:
             lookup = {"max_ngram": args.ngram_max, "min_ngram": args.ngram_min, "match": args.ngram_match}
-            name += f"+ngram-first(max={args.ngram_max},min={args.ngram_min},{args.ngram_match})"
+            name += f"+ngram-first(max={args.ngram_max},min={args.ngram_min},{args.ngram_match}"
+            name += f",drafter_k={args.drafter_k})" if args.drafter_k is not None else ")"
         identity = {"kind": loaded.meta.get("kind", drafter.kind), "name": name,
                     "path": str(args.path), "fingerprint": results.module_fingerprint(drafter, drafter.state_dict_for_export()),
                     "num_params": sum(t.numel() for t in drafter.state_dict_for_export().values()),
                     "trainable_params": sum(p.numel() for p in drafter.trainable_parameters()),
-                    "training_log": str(log) if log.exists() else None, "ngram_first": lookup}
-        return target, proposers.from_drafter(drafter, target, ngram_first=lookup), identity
+                    "training_log": str(log) if log.exists() else None,
+                    "ngram_first": lookup and {**lookup, "drafter_k": args.drafter_k}}
+        return target, proposers.from_drafter(drafter, target, ngram_first=lookup, drafter_k=args.drafter_k), identity
     if not args.target:
         raise UserError("--target is required with --draft-model or --proposer (or give a checkpoint PATH)")
     kind = args.proposer or ("draft_lm" if args.draft_model else None)
@@ -177,6 +182,11 @@ def check_args(args: argparse.Namespace) -> None:
                  "--ngram-first puts a checkpoint's drafter behind prompt lookup: give the checkpoint PATH "
                  "(for prompt lookup alone use --proposer ngram)"),
                 (args.ngram_first and bool(args.tree), "--ngram-first drafts chains: drop --tree"),
+                (args.drafter_k is not None and not args.ngram_first,
+                 f"--drafter-k {args.drafter_k}: caps the drafter's rounds behind prompt lookup; add --ngram-first, "
+                 "or set --k for a drafter alone"),
+                (args.drafter_k is not None and not 1 <= args.drafter_k <= args.k,
+                 f"--drafter-k {args.drafter_k}: must lie in 1..--k ({args.k}): with --ngram-first the lookup drafts up to --k"),
                 (not [w for w in args.workloads.split(",") if w.strip()],
                  f"--workloads {args.workloads!r}: names no workload; give e.g. --workloads spec_bench,mt_bench"),
                 (args.dtype is not None and args.dtype not in DTYPES,
@@ -233,6 +243,7 @@ class EvalOptions:
     ngram_min: int = 1
     ngram_match: str = "first"
     ngram_first: bool = False
+    drafter_k: Optional[int] = None
     workloads: str = "spec_bench"
     k: int = 5
     tree: Optional[str] = None

@@ -6,13 +6,18 @@ written to RUN/speedup_profile.json (beside the drafter; `draftsmith export` cop
 
 What it measures, on this hardware:
   1. per-position acceptance per workload (batch-1 chain runs at k = k_max, greedy);
-  2. the draft cost (propose per draft token, commit per round; same runs) and the batched loop's own
-     per-row cost per round (one target-only and one speculative batch of --overhead-batch rows);
+  2. the draft cost (propose per draft token, commit per round; same runs), and from one target-only
+     and one speculative batch of --overhead-batch rows: the batched loop's own per-row cost per round
+     and the drafting cost per row inside a batch (rows after the first draft with the drafter's
+     weights still in cache: a later row costs 0.78-0.92 of the first for EAGLE-3 on Gemma-3-270M,
+     one CPU core);
   3. the target's verification cost T(B, w, context) for B rows of w tokens each (tokens in flight
      B * w) over a grid of batch sizes, widths 1..k_max+1 and context lengths.
 Model (Leviathan et al. 2023 sec. 3, per-position acceptance as in report/speedup_model.py; batched):
   E[tau](k)          = 1 + sum_{i<=k} prod_{j<=i} a_j
-  round(B, k, c)     = T(B, k+1, c) + B * (k * propose + commit + overhead_spec)   (drafting runs row by row)
+  draft(B, k)        = (k * propose + commit) * (1 + (B - 1) * rho)   (drafting runs row by row; rho = a
+                       later row's cost over the first's, measured in the batch; 1 without that measurement)
+  round(B, k, c)     = T(B, k+1, c) + draft(B, k) + B * overhead_spec
   step(B, c)         = T(B, 1, c) + B * overhead_target
   speedup(B, k, c)   = E[tau](k) * step(B, c) / round(B, k, c)
 Then: the best k per batch size, the batch above which speculation stops paying (best k = 0), and,
@@ -120,8 +125,10 @@ def measure_acceptance(target, proposer, prompts: list[torch.Tensor], k_max: int
 
 
 def measure_loop_overhead(target, proposer, prompts: list[torch.Tensor], B: int, k: int, max_new: int) -> dict:
-    """The batched loop's own cost per row and round (round time - verify forward - drafting) / rows,
-    target-only and speculative at k, from one batch of B requests (prompts reused cyclically)."""
+    """From one batch of B requests (prompts reused cyclically), target-only and speculative at k: the
+    batched loop's own cost per row and round ((round time - verify forward - drafting) / rows), and
+    the speculative rounds' drafting (propose + commit) per row in rounds where all B rows drafted k
+    tokens (`draft_row_batched_s`)."""
     import copy
 
     from draftsmith.eval.loop import generate_batch
@@ -131,12 +138,25 @@ def measure_loop_overhead(target, proposer, prompts: list[torch.Tensor], B: int,
     for label, kk in (("overhead_target_s", 0), ("overhead_spec_s", k)):
         gens = generate_batch(target, [copy.copy(proposer) if kk else None for _ in ids], ids,
                               LoopConfig(k=kk, max_new_tokens=max_new))
-        samples = []
+        samples, drafting = [], []
         for j in range(max(len(g.rounds) for g in gens)):
             rows = [g.rounds[j] for g in gens if len(g.rounds) > j]
             samples.append((rows[0].total_s - rows[0].verify_s - sum(r.draft_s for r in rows)) / len(rows))
+            if kk and len(rows) == B and all(r.proposed == kk for r in rows):
+                drafting.append(statistics.fmean(r.draft_s for r in rows))
         out[label] = _low(samples)
+        if kk:
+            out["draft_row_batched_s"] = _low(drafting) if drafting else None
     return out
+
+
+def batch_draft_ratio(acc: dict, B: int, k: int) -> float | None:
+    """rho of the model: what a row after the first costs to draft, over the first (a batch-1 round),
+    from the batch of B rows at k that measure_loop_overhead timed. None when it timed no full round."""
+    batched, first = acc.get("draft_row_batched_s"), k * acc["draft_step_s"] + acc.get("draft_commit_s", 0.0)
+    if batched is None or B < 2 or first <= 0:
+        return None
+    return max(0.0, (B * batched - first) / ((B - 1) * first))
 
 
 def _low(values: list[float]) -> float:
@@ -263,8 +283,10 @@ def predict(acc: dict, table: list[dict], B: int, k: int, context: float) -> dic
     if k == 0:
         return {"batch": B, "k": 0, "expected_tau": 1.0, "speedup": 1.0}
     tau, _ = expected_tau([a if a is not None else float("nan") for a in acc["per_position"]], k)
-    draft = k * acc["draft_step_s"] + acc.get("draft_commit_s", 0.0)  # per row and round
-    rnd = verify_cost(table, B, k + 1, context) + B * (draft + acc["overhead_spec_s"])
+    first = k * acc["draft_step_s"] + acc.get("draft_commit_s", 0.0)  # one row's drafting, as at batch 1
+    rho = acc.get("batch_draft_ratio")
+    draft = first * (1 + (B - 1) * (1.0 if rho is None else rho))  # every row's, row by row
+    rnd = verify_cost(table, B, k + 1, context) + draft + B * acc["overhead_spec_s"]
     return {"batch": B, "k": k, "expected_tau": tau, "speedup": tau * step / rnd}
 
 
@@ -311,6 +333,7 @@ def run(path: str | Path, workload_names: list[str] = ("mt_bench", "gsm8k"), k_m
         print(f"[profile] {name}: acceptance at k = {k_max} over {len(prompts)} prompts", flush=True)
         acc = measure_acceptance(target, proposer, prompts, k_max, max_new_tokens)
         acc.update(measure_loop_overhead(target, proposer, prompts, overhead_batch, k_max, max_new_tokens))
+        acc["batch_draft_ratio"] = batch_draft_ratio(acc, overhead_batch, k_max)
         acc["cost_statistic"] = "10th percentile of per-call / per-round samples (unpreempted cost on a shared machine)"
         acceptance[name] = acc
         ctx = acc["prompt_tokens_mean"] + max_new_tokens / 2  # the mean context of a decode round
@@ -336,7 +359,7 @@ def run(path: str | Path, workload_names: list[str] = ("mt_bench", "gsm8k"), k_m
         "command": "draftsmith profile " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
         "drafter": {"kind": loaded.drafter.kind, "path": str(path)}, "target": target.identity(),
         "hardware": results.hardware(target.device), "software": results.software(),
-        "model": "speedup(B,k,c) = E[tau](k) * (T(B,1,c) + B*o_t) / (T(B,k+1,c) + B*(k*d + commit + o_s)); see draftsmith/eval/profile.py",
+        "model": "speedup(B,k,c) = E[tau](k) * (T(B,1,c) + B*o_t) / (T(B,k+1,c) + (k*d + commit)*(1 + (B-1)*rho) + B*o_s); see draftsmith/eval/profile.py",
         "settings": {"k_max": k_max, "max_new_tokens": max_new_tokens, "num_prompts": num_prompts,
                      "workloads": names, "batches": batches, "contexts": contexts, "repeats": repeats,
                      "threads": torch.get_num_threads(), "prompt_format": prompt_format},

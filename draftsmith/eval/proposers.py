@@ -84,17 +84,23 @@ class NgramFirstProposer:
     the next time it drafts, or after max_pending deferred rounds (a bound on what is held; a merged
     commit equals the rounds' commits one by one). Most rounds the lookup drafts cost no drafter time.
     `rounds` counts the rounds each side drafted; copies (one per request of a batched run) share it.
+    drafter_k caps the drafter's rounds below the loop's k (`--drafter-k`): a copy is right for many
+    tokens running, a drafter's later positions rarely, and a lookup draft costs nothing however long.
     Chain drafting only: trees need one proposer's ranked candidates.
     """
 
-    def __init__(self, ngram: NgramProposer, drafter, rounds: Counter | None = None, max_pending: int = 16):
-        self.ngram, self.drafter, self.max_pending = ngram, drafter, max_pending
+    def __init__(self, ngram: NgramProposer, drafter, rounds: Counter | None = None, max_pending: int = 16,
+                 drafter_k: int | None = None):
+        if drafter_k is not None and drafter_k < 1:
+            raise ValueError(f"drafter_k must be >= 1, got {drafter_k}")
+        self.ngram, self.drafter, self.max_pending, self.drafter_k = ngram, drafter, max_pending, drafter_k
         self.name = f"ngram_first+{getattr(drafter, 'name', type(drafter).__name__)}"
         self.rounds = rounds if rounds is not None else Counter()  # "ngram" / "drafter" -> rounds drafted
         self.pending: list[tuple[int, tuple[torch.Tensor, ...]]] = []  # (num_new, hidden states) not yet committed
 
     def __copy__(self) -> "NgramFirstProposer":
-        return NgramFirstProposer(copy.copy(self.ngram), copy.copy(self.drafter), self.rounds, self.max_pending)
+        return NgramFirstProposer(copy.copy(self.ngram), copy.copy(self.drafter), self.rounds, self.max_pending,
+                                  self.drafter_k)
 
     def begin(self, prompt_ids: torch.Tensor) -> None:
         self.drafter.begin(prompt_ids)
@@ -123,7 +129,7 @@ class NgramFirstProposer:
             return draft
         self.rounds["drafter"] += 1
         self._catch_up(context)
-        return self.drafter.propose(context, k, sampling, generator)
+        return self.drafter.propose(context, min(k, self.drafter_k or k), sampling, generator)
 
 
 class ReplayProposer:
@@ -178,13 +184,14 @@ def build_ngram(target: Target, max_ngram: int = 3, min_ngram: int = 1, match: s
     return NgramProposer(max_ngram=max_ngram, min_ngram=min_ngram, match=match)
 
 
-def from_drafter(drafter, target: Target, ngram_first: dict | None = None):
+def from_drafter(drafter, target: Target, ngram_first: dict | None = None, drafter_k: int | None = None):
     """A trained drafter (heads/: eagle3, ...) as a proposer: the drafter builds it itself. With
-    ngram_first (NgramProposer options: max_ngram, min_ngram, match) it drafts behind prompt lookup."""
+    ngram_first (NgramProposer options: max_ngram, min_ngram, match) it drafts behind prompt lookup,
+    at most drafter_k tokens in its own rounds (None: the loop's k)."""
     drafter.eval()
     proposer = drafter.make_proposer(target)
     if ngram_first is not None:
-        proposer = NgramFirstProposer(NgramProposer(**ngram_first), proposer)
+        proposer = NgramFirstProposer(NgramProposer(**ngram_first), proposer, drafter_k=drafter_k)
     return proposer
 
 

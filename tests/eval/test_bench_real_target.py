@@ -53,12 +53,14 @@ def test_ngram_first_rows_run_the_checkpoint_behind_the_lookup(tmp_path):
 
     ckpt = make_checkpoint(tmp_path / "ck", "eagle3", {"ttt_steps": 2})
     bench = load_bench()
-    rc = bench.main([str(ckpt), "--no-ngram", "--no-hf", "--ngram-first", "--ngram-min", "2", "--workloads", "pycode",
+    rc = bench.main([f"{ckpt}:2", "--no-ngram", "--no-hf", "--ngram-first", "--ngram-min", "2", "--workloads", "pycode",
                      "--num-prompts", "2", "--max-new-tokens", "12", "--dtype", "float32", "--k", "3",
                      "--out-dir", str(tmp_path / "out"), "--tag", "t"])
     assert rc == 0
     (row,) = json.loads((tmp_path / "out" / "summary-float32-t.json").read_text())["rows"]
-    assert row["kind"] == "ck+ngram-first" and row["lossless_passed"] is True
+    assert row["kind"] == "ck+ngram-first-dk2" and row["lossless_passed"] is True
     assert sum(row["ngram_first_rounds"].values()) > 0
-    results = json.loads((tmp_path / "out" / "ck+ngram-first-float32-k3-t.json").read_text())
-    assert results["drafter"]["ngram_first"]["min_ngram"] == 2
+    results = json.loads((tmp_path / "out" / "ck+ngram-first-dk2-float32-k3-t.json").read_text())  # the loop's k: --k
+    assert results["drafter"]["ngram_first"]["min_ngram"] == 2 and results["drafter"]["ngram_first"]["drafter_k"] == 2
+    with pytest.raises(SystemExit, match="drafts at most --k"):  # a drafter deeper than the lookup's --k
+        bench.main([f"{ckpt}:5", "--no-ngram", "--no-hf", "--ngram-first", "--k", "3", "--out-dir", str(tmp_path)])

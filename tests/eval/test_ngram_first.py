@@ -106,6 +106,26 @@ def test_batched_rows_get_their_own_inner_proposers_and_share_the_count():
     assert sum(hybrid.rounds.values()) == sum(1 for g in gens for r in g.rounds if r.proposed)
 
 
+def test_drafter_k_caps_the_drafters_rounds_not_the_lookups():
+    """--drafter-k: the lookup drafts up to the loop's k, the drafter at most drafter_k; output unchanged."""
+    target = tiny_target(num_layers=4, hidden=32, seed=0)
+    d = _drafter("eagle3", target, {"ttt_steps": 2})
+    prompt = torch.tensor([5, 6, 7, 8, 9, 10, 11, 12, 5, 6, 7, 8, 9, 10])  # a long repeat: lookup drafts of 6
+    base = generate(target, None, prompt, LoopConfig(k=0, max_new_tokens=40))
+    hybrid = NgramFirstProposer(NgramProposer(max_ngram=3, min_ngram=2), d.make_proposer(target), drafter_k=2)
+    # the twin: the same drafter, capped alike, behind a lookup that never matches (no 99-gram in 54 tokens)
+    twin = EagerTwin(hybrid, NgramFirstProposer(NgramProposer(max_ngram=99, min_ngram=99), d.make_proposer(target),
+                                                drafter_k=2))
+    gen = generate(target, twin, prompt, LoopConfig(k=6, max_new_tokens=40))
+    assert gen.tokens == base.tokens
+    lengths = {side: [r.proposed for s_, r in zip(twin.sides, gen.rounds) if s_ == side and r.proposed]
+               for side in ("ngram", "drafter")}
+    assert lengths["drafter"] and max(lengths["drafter"]) <= 2, lengths
+    assert lengths["ngram"] and max(lengths["ngram"]) > 2, lengths  # the lookup is not capped
+    with pytest.raises(ValueError, match="drafter_k"):
+        NgramFirstProposer(NgramProposer(), d.make_proposer(target), drafter_k=0)
+
+
 def test_ngram_first_reproduces_the_target_law_at_t1():
     """Each round's draft comes whole from one side with that side's q (one-hot for the lookup): the
     loop's output law is the target's (the chi-square protocol of test_generate_chi2.py)."""
@@ -138,12 +158,13 @@ def test_eval_records_the_split_and_names_the_hybrid(ckpt, tmp_path):
     prompts.write_text('{"id": "a", "prompt": "hello hello hello"}\n{"id": "b", "prompt": "abc abd abc"}\n')
     out = tmp_path / "r.json"
     rc = cli_main(["eval", str(ckpt), "--ngram-first", "--ngram-min", "2", "--workloads", f"jsonl:{prompts}",
-                   "--k", "3", "--max-new-tokens", "24", "--warmup", "0", "--device", "cpu", "--check-lossless",
-                   "--out", str(out)])
+                   "--k", "3", "--drafter-k", "2", "--max-new-tokens", "24", "--warmup", "0", "--device", "cpu",
+                   "--check-lossless", "--out", str(out)])
     res = json.loads(out.read_text())
     assert rc == 0 and res["lossless"]["passed"] is True
-    assert res["drafter"]["kind"] == "eagle3" and res["drafter"]["name"].endswith("+ngram-first(max=3,min=2,first)")
-    assert res["drafter"]["ngram_first"] == {"max_ngram": 3, "min_ngram": 2, "match": "first"}
+    assert res["drafter"]["kind"] == "eagle3"
+    assert res["drafter"]["name"].endswith("+ngram-first(max=3,min=2,first,drafter_k=2)")
+    assert res["drafter"]["ngram_first"] == {"max_ngram": 3, "min_ngram": 2, "match": "first", "drafter_k": 2}
     split = next(iter(res["workloads"].values()))["ngram_first_rounds"]
     assert split["ngram"] + split["drafter"] > 0
 
@@ -152,6 +173,7 @@ def test_eval_records_the_split_and_names_the_hybrid(ckpt, tmp_path):
     (["--proposer", "ngram", "--target", "builtin:pycode-tiny"], "give the checkpoint PATH"),
     (["CKPT", "--tree", "dynamic"], "drop --tree"),
     (["CKPT", "--engine", "llama.cpp"], "drop --engine"),
+    (["CKPT", "--k", "4", "--drafter-k", "5"], "must lie in 1..--k (4)"),
 ])
 def test_ngram_first_refusals_are_one_line(ckpt, tmp_path, capsys, extra, needle):
     argv = ["eval", *[str(ckpt) if a == "CKPT" else a for a in extra], "--ngram-first", "--workloads", "pycode",
@@ -160,3 +182,11 @@ def test_ngram_first_refusals_are_one_line(ckpt, tmp_path, capsys, extra, needle
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and needle in err[0] and "--ngram-first" in err[0], err
     assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("extra, needle", [([], "add --ngram-first"), (["--engine", "llama.cpp"], "drop --engine")])
+def test_drafter_k_without_ngram_first_is_refused(ckpt, tmp_path, capsys, extra, needle):
+    argv = ["eval", str(ckpt), "--drafter-k", "2", *extra, "--workloads", "pycode", "--out", str(tmp_path / "r.json")]
+    assert cli_main(argv) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and needle in err[0] and "--drafter-k" in err[0], err
