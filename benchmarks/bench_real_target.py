@@ -16,7 +16,8 @@ over prompts, and the lossless status (bf16: identical up to named near-ties; fl
     OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/bench_real_target.py --ngram-first \
         runs/eagle3-gemma3-270m-regen/final:4 --dtype bfloat16 --no-hf     # the n-gram row + the drafter behind it
 
-Checkpoints are PATH or PATH:K (K draft tokens for that one; default --k). Results: one eval results
+Checkpoints are PATH or PATH:K (K draft tokens for that one; default --k; with --ngram-first, K caps the
+drafter's rounds, eval --drafter-k, and the lookup drafts up to --k as the n-gram row). Results: one eval results
 JSON per kind (docs/results-schema.md) plus summary-<dtype>-<tag>.json in --out-dir, and a markdown
 table on stdout. The prompts are draftsmith's plain chat format (what the Gemma recipes train on; a
 base target has no chat template) for every row, so all rows decode the same prompt ids.
@@ -58,7 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--workloads", default=DEFAULT_WORKLOADS)
     p.add_argument("--num-prompts", type=int, default=6)
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--k", type=int, default=4, help="draft tokens per round (n-gram, and checkpoints without :K)")
+    p.add_argument("--k", type=int, default=4, help="draft tokens per round (n-gram, checkpoints without :K, the lookup of --ngram-first rows)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     p.add_argument("--verify-dtype", choices=["float32"], default=None)
@@ -96,8 +97,8 @@ def kind_rows(args) -> list[dict]:
         label, options = Path(path).resolve().parent.name, {"path": path}
         if args.ngram_first:  # the lookup drafts up to --k, as the n-gram row; the drafter its own :K
             if k > args.k:
-                raise SystemExit(f"bench_real_target: {spec}: behind the lookup a drafter drafts at most --k "
-                                 f"({args.k}) tokens; give --k {k} or {path}:{args.k}")
+                raise UserError(f"{spec}: behind the lookup a drafter drafts at most --k ({args.k}) tokens; "
+                                f"give --k {k} or {path}:{args.k}")
             label += "+ngram-first" + (f"-dk{k}" if k < args.k else "")
             options = {**options, "ngram_first": True, "ngram_min": args.ngram_min,
                        "drafter_k": k if k < args.k else None}
@@ -223,8 +224,9 @@ def summarize(row: dict, results: dict, hf: dict | None) -> list[dict]:
                  "speedup_vs_target_only": a["speedup"], "decode_speedup_vs_target_only": a["tpot_speedup"],
                  "target_tokens_per_s": a["target_tokens_per_s"], "spec_tokens_per_s": a["spec_tokens_per_s"],
                  "lossless": lossless_text(results, name), "lossless_passed": results["lossless"].get("passed")}
-        if "ngram_first_rounds" in w:  # --ngram-first: rounds the lookup and the drafter drafted
+        if "ngram_first_rounds" in w:  # --ngram-first: rounds the lookup and the drafter drafted, the drafter's cap
             entry["ngram_first_rounds"] = w["ngram_first_rounds"]
+            entry["drafter_k"] = (results["drafter"].get("ngram_first") or {}).get("drafter_k")
         if hf and name in hf:
             by_id = hf[name]
             pairs = [(r, by_id[r["id"]]) for r in reqs if r["id"] in by_id]
@@ -274,10 +276,10 @@ def table(rows: list[dict], hf: list[dict]) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
     rows = kind_rows(args)
     if not rows and not args.hf:
         raise UserError("nothing to run: give a checkpoint, --ngram or --hf")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     results = [(row, run_kind(row, args)) for row in rows]
     hf = hf_baselines(args) if args.hf else None

@@ -130,17 +130,18 @@ def _load(args):
         drafter, target = loaded.drafter, loaded.target
         log = Path(args.path).parent / "metrics.jsonl"
         name, lookup = Path(args.path).resolve().parent.name, None
+        drafter_k = args.drafter_k if args.drafter_k is not None and args.drafter_k < args.k else None  # = --k: no cap
         if args.ngram_first:
             lookup = {"max_ngram": args.ngram_max, "min_ngram": args.ngram_min, "match": args.ngram_match}
             name += f"+ngram-first(max={args.ngram_max},min={args.ngram_min},{args.ngram_match}"
-            name += f",drafter_k={args.drafter_k})" if args.drafter_k is not None else ")"
+            name += f",drafter_k={drafter_k})" if drafter_k is not None else ")"
         identity = {"kind": loaded.meta.get("kind", drafter.kind), "name": name,
                     "path": str(args.path), "fingerprint": results.module_fingerprint(drafter, drafter.state_dict_for_export()),
                     "num_params": sum(t.numel() for t in drafter.state_dict_for_export().values()),
                     "trainable_params": sum(p.numel() for p in drafter.trainable_parameters()),
                     "training_log": str(log) if log.exists() else None,
-                    "ngram_first": lookup and {**lookup, "drafter_k": args.drafter_k}}
-        return target, proposers.from_drafter(drafter, target, ngram_first=lookup, drafter_k=args.drafter_k), identity
+                    "ngram_first": lookup and {**lookup, "drafter_k": drafter_k}}
+        return target, proposers.from_drafter(drafter, target, ngram_first=lookup, drafter_k=drafter_k), identity
     if not args.target:
         raise UserError("--target is required with --draft-model or --proposer (or give a checkpoint PATH)")
     kind = args.proposer or ("draft_lm" if args.draft_model else None)

@@ -62,5 +62,9 @@ def test_ngram_first_rows_run_the_checkpoint_behind_the_lookup(tmp_path):
     assert sum(row["ngram_first_rounds"].values()) > 0
     results = json.loads((tmp_path / "out" / "ck+ngram-first-dk2-float32-k3-t.json").read_text())  # the loop's k: --k
     assert results["drafter"]["ngram_first"]["min_ngram"] == 2 and results["drafter"]["ngram_first"]["drafter_k"] == 2
-    with pytest.raises(SystemExit, match="drafts at most --k"):  # a drafter deeper than the lookup's --k
-        bench.main([f"{ckpt}:5", "--no-ngram", "--no-hf", "--ngram-first", "--k", "3", "--out-dir", str(tmp_path)])
+    assert row["drafter_k"] == 2
+    # a drafter deeper than the lookup's --k: refused (UserError: the script exits 2), before anything runs
+    from draftsmith.errors import UserError
+    with pytest.raises(UserError, match="drafts at most --k"):
+        bench.main([f"{ckpt}:5", "--no-ngram", "--no-hf", "--ngram-first", "--k", "3", "--out-dir", str(tmp_path / "deep")])
+    assert not (tmp_path / "deep").exists()

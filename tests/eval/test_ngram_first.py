@@ -56,6 +56,22 @@ class EagerTwin:
         return draft
 
 
+class Capped:
+    """A proposer drafting at most `cap` tokens a round (the eager twin of a drafter behind --drafter-k)."""
+
+    def __init__(self, inner, cap: int):
+        self.inner, self.cap, self.name = inner, cap, "capped"
+
+    def begin(self, prompt_ids):
+        self.inner.begin(prompt_ids)
+
+    def commit(self, context, num_new, target_out):
+        self.inner.commit(context, num_new, target_out)
+
+    def propose(self, context, k, sampling, generator=None):
+        return self.inner.propose(context, min(k, self.cap), sampling, generator)
+
+
 def _drafter(kind: str, target, options: dict):
     torch.manual_seed(3)
     d = DRAFTERS.get(kind).from_target(DRAFTERS.get(kind).Config(**options), target, None)
@@ -94,9 +110,10 @@ def test_deferred_commits_draft_what_eager_commits_draft(kind, options, max_pend
 def test_batched_rows_get_their_own_inner_proposers_and_share_the_count():
     target = tiny_target(num_layers=4, hidden=32, seed=0)
     d = _drafter("eagle3", target, {"ttt_steps": 2})
-    hybrid = NgramFirstProposer(NgramProposer(max_ngram=3, min_ngram=2), d.make_proposer(target))
+    hybrid = NgramFirstProposer(NgramProposer(max_ngram=3, min_ngram=2), d.make_proposer(target), drafter_k=2)
     rows = [copy.copy(hybrid) for _ in range(3)]
     assert len({id(r.drafter) for r in rows}) == 3 and all(r.rounds is hybrid.rounds for r in rows)
+    assert all(r.drafter_k == 2 for r in rows)
     prompts = [torch.tensor([5, 6, 7, 5, 6]), torch.tensor([20, 21, 22]), torch.tensor([9, 9, 9, 9])]
     cfg = LoopConfig(k=3, max_new_tokens=24)
     gens = generate_batch(target, rows, prompts, cfg)
@@ -113,9 +130,7 @@ def test_drafter_k_caps_the_drafters_rounds_not_the_lookups():
     prompt = torch.tensor([5, 6, 7, 8, 9, 10, 11, 12, 5, 6, 7, 8, 9, 10])  # a long repeat: lookup drafts of 6
     base = generate(target, None, prompt, LoopConfig(k=0, max_new_tokens=40))
     hybrid = NgramFirstProposer(NgramProposer(max_ngram=3, min_ngram=2), d.make_proposer(target), drafter_k=2)
-    # the twin: the same drafter, capped alike, behind a lookup that never matches (no 99-gram in 54 tokens)
-    twin = EagerTwin(hybrid, NgramFirstProposer(NgramProposer(max_ngram=99, min_ngram=99), d.make_proposer(target),
-                                                drafter_k=2))
+    twin = EagerTwin(hybrid, Capped(d.make_proposer(target), 2))  # the same drafter, committed every round
     gen = generate(target, twin, prompt, LoopConfig(k=6, max_new_tokens=40))
     assert gen.tokens == base.tokens
     lengths = {side: [r.proposed for s_, r in zip(twin.sides, gen.rounds) if s_ == side and r.proposed]
@@ -167,6 +182,14 @@ def test_eval_records_the_split_and_names_the_hybrid(ckpt, tmp_path):
     assert res["drafter"]["ngram_first"] == {"max_ngram": 3, "min_ngram": 2, "match": "first", "drafter_k": 2}
     split = next(iter(res["workloads"].values()))["ngram_first_rounds"]
     assert split["ngram"] + split["drafter"] > 0
+    from draftsmith.eval import cli as eval_cli  # the flag reaches the proposer the loop drives
+    args = eval_cli.EvalOptions(path=str(ckpt), ngram_first=True, k=3, drafter_k=2, device="cpu")
+    _, proposer, _ = eval_cli._load(args)
+    assert isinstance(proposer, NgramFirstProposer) and proposer.drafter_k == 2
+    args.drafter_k = 3  # = --k: the same run as no flag, named and recorded as such
+    _, proposer, identity = eval_cli._load(args)
+    assert proposer.drafter_k is None and identity["ngram_first"]["drafter_k"] is None
+    assert identity["name"].endswith("+ngram-first(max=3,min=1,first)")
 
 
 @pytest.mark.parametrize("extra, needle", [
