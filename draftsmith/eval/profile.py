@@ -9,7 +9,7 @@ What it measures, on this hardware:
   2. the draft cost (propose per draft token, commit per round; same runs), and from one target-only
      and one speculative batch of --overhead-batch rows: the batched loop's own per-row cost per round
      and the drafting cost per row inside a batch (rows after the first draft with the drafter's
-     weights still in cache: a later row costs 0.78-0.92 of the first for EAGLE-3 on Gemma-3-270M,
+     weights still in cache: a later row costs 0.84-0.87 of the first for EAGLE-3 on Gemma-3-270M,
      one CPU core);
   3. the target's verification cost T(B, w, context) for B rows of w tokens each (tokens in flight
      B * w) over a grid of batch sizes, widths 1..k_max+1 and context lengths.
