@@ -53,9 +53,9 @@ def main() -> None:
     args = p.parse_args()
     from bench_drafter_kinds import train_kind
 
-    from draftsmith import target as target_mod
     from draftsmith.checkpoint import load_drafter
     from draftsmith.eval import proposers, workloads
+    from draftsmith.targets import load as target_mod
 
     stories = target_mod.load(str(REPO.parent / "shared" / "models" / "stories260K-hf"))
     prompts = {w: [workloads.encode(item, stories.tokenizer)[0] for item in workloads.load(w, None, args.num_prompts)]

@@ -23,7 +23,7 @@ import torch
 
 from draftsmith.eval.loop import LoopConfig, generate
 from draftsmith.eval.proposers import ReplayProposer
-from draftsmith.target import Target
+from draftsmith.targets.load import Target
 
 
 def build_target(layers: int, hidden: int, vocab: int, seed: int = 0, device: str = "cpu") -> Target:

@@ -19,10 +19,10 @@ import time
 
 import torch
 
-from draftsmith import target as target_mod
 from draftsmith.eval import proposers
 from draftsmith.eval.loop import LoopConfig, generate
 from draftsmith.heads import draft_lm as draft_lm_mod
+from draftsmith.targets import load as target_mod
 
 PROMPTS = ["Once upon a time", "Tom and Lily went to the park. They saw", "The little dog was sad because",
            "One day, a girl named Sue found a", "The sun was hot and the bird", "Ben had a red ball. He",

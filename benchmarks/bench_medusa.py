@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_peers import DEFAULTS, STORIES, greedy_continuations, loop_tau, protocol_data, summarize  # noqa: E402
 
 from draftsmith import config as config_mod  # noqa: E402
-from draftsmith import target as target_mod  # noqa: E402
+from draftsmith.targets import load as target_mod  # noqa: E402
 
 RECIPE = REPO / "recipes" / "debug" / "medusa-stories260k.yaml"
 HEADS, LAYERS = 3, 1  # the protocol's drafter size (issue 10)

@@ -51,8 +51,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from draftsmith import config as config_mod  # noqa: E402
-from draftsmith import target as target_mod  # noqa: E402
 from draftsmith.eval.loop import LoopConfig, generate  # noqa: E402
+from draftsmith.targets import load as target_mod  # noqa: E402
 
 STORIES = Path(os.environ.get("DRAFTSMITH_SHARED", REPO.parent / "shared")) / "models" / "stories260K-hf"
 RECIPE = REPO / "recipes" / "debug" / "eagle3-stories260k.yaml"
@@ -231,7 +231,7 @@ def draftsmith_trainer(data_file: Path, out_dir: Path, steps: int, seed: int, ov
 def cache_overrides(data_file: Path, work: Path, dtype: str) -> list[str]:
     """Overrides that make draftsmith train from an offline feature cache of `dtype` holding the
     protocol's rows; the cache is built on first use (`draftsmith prepare --features` does the same)."""
-    from draftsmith.cli_prepare import run_features
+    from draftsmith.commands.prepare import run_features
 
     cache = work / f"features-{dtype}"
     extra = ["features.mode=offline", f"features.cache_dir={cache}", f"features.dtype={dtype}"]

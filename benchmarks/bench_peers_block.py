@@ -51,7 +51,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import bench_peers as bp  # noqa: E402
 
 from draftsmith import config as config_mod  # noqa: E402
-from draftsmith import target as target_mod  # noqa: E402
+from draftsmith.targets import load as target_mod  # noqa: E402
 
 K = 5
 RECIPES = {kind: REPO / "recipes" / "debug" / f"{kind}-stories260k.yaml" for kind in ("dflash", "dspark", "eagle3")}

@@ -37,10 +37,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from draftsmith.errors import UserError  # noqa: E402
+from draftsmith.commands.eval import EvalOptions, run  # noqa: E402
+from draftsmith.core.errors import UserError  # noqa: E402
 from draftsmith.eval import metrics, workloads  # noqa: E402
 from draftsmith.eval import results as results_mod  # noqa: E402
-from draftsmith.eval.cli import EvalOptions, run  # noqa: E402
 
 DEFAULT_WORKLOADS = "humaneval,gsm8k,mt_bench,alpaca"
 
@@ -162,7 +162,7 @@ def _tpot(r: dict) -> float:
 
 def hf_baselines(args) -> dict:
     """{workload: {prompt id: {...}}}: transformers' plain and prompt-lookup greedy generate, interleaved."""
-    from draftsmith import target as target_mod
+    from draftsmith.targets import load as target_mod
 
     target = target_mod.load(args.target, dtype=args.dtype, device="cpu")
     limit = getattr(target.config, "max_position_embeddings", None)

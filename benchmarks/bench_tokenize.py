@@ -45,7 +45,7 @@ def main() -> int:
 
     from draftsmith.config import DataConfig
     from draftsmith.data import build_dataset
-    from draftsmith.target import resolve_path
+    from draftsmith.targets.load import resolve_path
     from draftsmith.testing import TINY_CHAT_TEMPLATE
 
     tok = AutoTokenizer.from_pretrained(resolve_path("builtin:pycode-tiny"))

@@ -22,7 +22,7 @@ Memory modes:
   --memory fake  every path runs under FakeTensorMode: shapes and allocations without arithmetic,
                  so 8B shapes at 4k tokens are measured on a laptop; the peak is the exact
                  allocation-by-allocation peak of the step's op outputs (draftsmith.train.memory),
-                 the same count a real run gives (tests/unit/test_bench_train_scale.py checks it)
+                 the same count a real run gives (tests/benchmarks/test_bench_train_scale.py checks it)
   --memory real  real tensors; also times the step (tokens/s) — use --real-seq to pick lengths
 Weights (and their gradients' first allocation) are excluded from "step peak"; "weights" is listed.
 

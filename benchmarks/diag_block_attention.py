@@ -25,9 +25,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from diag_block_first_slot import patch_qk_norm  # noqa: E402
 
-from draftsmith import features  # noqa: E402
 from draftsmith.checkpoint import load_drafter  # noqa: E402
-from draftsmith.data import chat  # noqa: E402
+from draftsmith.data import chat, features  # noqa: E402
 
 
 def slot1_attention(d, batch, ids, acc: dict) -> None:

@@ -30,11 +30,12 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from draftsmith import config, features  # noqa: E402
+from draftsmith import config  # noqa: E402
 from draftsmith.checkpoint import load_drafter  # noqa: E402
+from draftsmith.core.sampling import SamplingParams  # noqa: E402
+from draftsmith.data import features  # noqa: E402
 from draftsmith.eval import workloads  # noqa: E402
 from draftsmith.eval.loop import LoopConfig, generate  # noqa: E402
-from draftsmith.sampling import SamplingParams  # noqa: E402
 
 
 class Recording:

@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 
 from draftsmith.checkpoint import load_drafter
+from draftsmith.core.sampling import SamplingParams
 from draftsmith.eval import proposers, workloads
 from draftsmith.eval.loop import LoopConfig, generate
 from draftsmith.eval.proposers import NgramProposer
-from draftsmith.sampling import SamplingParams
 
 
 def round_table(gen, prompt: torch.Tensor, ngram: NgramProposer, in_vocab: set | None) -> Counter:

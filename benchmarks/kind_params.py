@@ -15,8 +15,8 @@ KINDS = ["eagle3", "eagle1", "medusa", "mlp_speculator", "draft_lm", "dflash", "
 
 def trainable_params(kind: str, overrides: list[str]) -> int:
     from draftsmith import config
-    from draftsmith import target as target_mod
     from draftsmith.heads import DRAFTERS
+    from draftsmith.targets import load as target_mod
 
     cfg = config.load(REPO / "recipes" / "debug" / f"{kind}-stories260k.yaml", overrides)
     target = target_mod.from_config(cfg.target)

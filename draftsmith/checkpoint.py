@@ -30,9 +30,9 @@ from safetensors.torch import save_file
 
 from draftsmith import __version__
 from draftsmith import config as config_mod
-from draftsmith.errors import UserError
-from draftsmith.files import disk_full_guard, load_safetensors, read_json_object, temp_dir_beside
-from draftsmith.safe_yaml import load as load_yaml
+from draftsmith.core.errors import UserError
+from draftsmith.core.files import disk_full_guard, load_safetensors, read_json_object, temp_dir_beside
+from draftsmith.core.safe_yaml import load as load_yaml
 
 
 @dataclass
@@ -117,11 +117,11 @@ def fit_state(state: dict, drafter, source: str) -> None:
              if k in own and tuple(v.shape) != tuple(own[k].shape)]
     if wrong:
         shown = "; ".join(wrong[:4]) + (f"; and {len(wrong) - 4} more" if len(wrong) > 4 else "")
-        raise ValueError(f"{source} does not fit this drafter: shape mismatch in {shown}; the weights were trained "
+        raise UserError(f"{source} does not fit this drafter: shape mismatch in {shown}; the weights were trained "
                          "with other drafter options or for another target")
     missing, unexpected = drafter.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ValueError(f"{source} does not fit this drafter: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+        raise UserError(f"{source} does not fit this drafter: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
 
 
 def load_weights(path: Path, drafter) -> None:
@@ -141,7 +141,7 @@ def check_vocab_map(state: dict, target_vocab: int, source: str) -> None:
     if d2t is None:
         return
     if d2t.dim() != 1 or d2t.is_floating_point() or d2t.dtype == torch.bool:
-        raise ValueError(f"{source}: d2t must be a 1-D integer tensor, got {d2t.dtype} of shape {list(d2t.shape)}")
+        raise UserError(f"{source}: d2t must be a 1-D integer tensor, got {d2t.dtype} of shape {list(d2t.shape)}")
     d2t = d2t.long()
     ids = d2t + torch.arange(d2t.shape[0])
     problem = None
@@ -157,7 +157,7 @@ def check_vocab_map(state: dict, target_vocab: int, source: str) -> None:
         except ValueError as exc:
             problem = str(exc)
     if problem:
-        raise ValueError(f"{source}: the draft vocabulary map is invalid: {problem} (target_id = draft_id + "
+        raise UserError(f"{source}: the draft vocabulary map is invalid: {problem} (target_id = draft_id + "
                          "d2t[draft_id] must lie in 0..V-1, ascending); the file is damaged or made for another target")
 
 
@@ -174,7 +174,7 @@ def read_config(path: Path, trust_remote_code: bool = False):
         raise FileNotFoundError(f"{file} is missing: {path} is not a complete draftsmith checkpoint")
     raw = load_yaml(file.read_text(encoding="utf-8"), str(file)) or {}  # bounded: aliases, depth, repeated keys
     if not isinstance(raw, dict):
-        raise ValueError(f"{file}: not a recipe mapping; the checkpoint is damaged")
+        raise UserError(f"{file}: not a recipe mapping; the checkpoint is damaged")
     for section, key in _RETIRED_KEYS:
         if isinstance(raw.get(section), dict):
             raw[section].pop(key, None)
@@ -202,7 +202,7 @@ def read_meta(path: Path) -> dict:
 def run_in_dtype(target, dtype: str) -> None:
     """Cast a loaded (fingerprint-checked) target to `dtype` in place; its recorded fingerprint stays
     the one of the weights as loaded (a bf16 copy of fp32 weights is the same model, rounded)."""
-    from draftsmith.target import DTYPES
+    from draftsmith.targets.load import DTYPES
 
     if dtype not in DTYPES:
         raise UserError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
@@ -218,8 +218,8 @@ def load_drafter(path: str | Path, device: str | None = None, target=None,
     The target's custom code runs only with trust_remote_code=True given here (a received
     checkpoint's config.yaml cannot turn it on). dtype: run the target in this dtype instead of the
     recipe's target.dtype (`eval --dtype`): it is loaded as trained, its fingerprint checked, then cast."""
-    from draftsmith import target as target_mod
     from draftsmith.heads import DRAFTERS
+    from draftsmith.targets import load as target_mod
 
     path = Path(path)
     if not (path / "drafter.json").exists():
@@ -241,7 +241,7 @@ def load_drafter(path: str | Path, device: str | None = None, target=None,
                                     "or give the target with --target") from None
     expected = meta["target"]["fingerprint"]
     if not target.matches(expected):
-        raise ValueError(
+        raise UserError(
             f"{path} was trained for target {meta['target'].get('name')} (fingerprint {expected}), "
             f"but the loaded target {target.name} has fingerprint {target.fingerprint}; load the same target"
         )

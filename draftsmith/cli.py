@@ -25,19 +25,19 @@ import importlib
 import os
 import sys
 
-from draftsmith.errors import EXPECTED, one_line
+from draftsmith.core.errors import EXPECTED, one_line
 
 SUBCOMMANDS = {
-    "train": ("draftsmith.train.cli", "train a drafter from a recipe"),
-    "validate": ("draftsmith.train.cli_validate", "validate recipes without running them"),
-    "prepare": ("draftsmith.cli_prepare", "regenerate answers with the target; build the offline feature cache"),
-    "eval": ("draftsmith.eval.cli", "run a drafter in the speculative loop and measure it"),
-    "profile": ("draftsmith.eval.profile", "measure a drafter's speedup profile (speedup_profile.json beside it)"),
-    "export": ("draftsmith.export.cli", "export a drafter for vLLM, SGLang, TensorRT-LLM or HF"),
-    "leaderboard": ("draftsmith.report.cli_leaderboard", "build an acceptance leaderboard from result files"),
-    "report": ("draftsmith.report.cli_report", "show one result file in the terminal and as HTML"),
-    "ls": ("draftsmith.cli_ls", "list drafter kinds, workloads, export formats and recipes"),
-    "inspect": ("draftsmith.inspect", "show a target's shape, rope, features and the drafter kinds that work for it"),
+    "train": ("draftsmith.commands.train", "train a drafter from a recipe"),
+    "validate": ("draftsmith.commands.validate", "validate recipes without running them"),
+    "prepare": ("draftsmith.commands.prepare", "regenerate answers with the target; build the offline feature cache"),
+    "eval": ("draftsmith.commands.eval", "run a drafter in the speculative loop and measure it"),
+    "profile": ("draftsmith.commands.profile", "measure a drafter's speedup profile (speedup_profile.json beside it)"),
+    "export": ("draftsmith.commands.export", "export a drafter for vLLM, SGLang, TensorRT-LLM or HF"),
+    "leaderboard": ("draftsmith.commands.leaderboard", "build an acceptance leaderboard from result files"),
+    "report": ("draftsmith.commands.report", "show one result file in the terminal and as HTML"),
+    "ls": ("draftsmith.commands.ls", "list drafter kinds, workloads, export formats and recipes"),
+    "inspect": ("draftsmith.commands.inspect", "show a target's shape, rope, features and the drafter kinds that work for it"),
 }
 
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if not argv else 2
     module = args._module
     if args.command == "eval" and getattr(args, "engine", None):  # train-to-serve parity: eval + export together
-        from draftsmith import cli_engine as module
+        from draftsmith.commands import eval_engine as module
     try:
         return int(module.main(args) or 0)
     except EXPECTED as exc:

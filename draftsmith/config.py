@@ -21,9 +21,9 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-from draftsmith.errors import ConfigError
-from draftsmith.safe_yaml import YAMLBoundError, short_repr
-from draftsmith.safe_yaml import load as load_yaml  # defined beside the other expected errors; raised here
+from draftsmith.core.errors import ConfigError
+from draftsmith.core.safe_yaml import YAMLBoundError, short_repr
+from draftsmith.core.safe_yaml import load as load_yaml  # defined beside the other expected errors; raised here
 
 # --------------------------------------------------------------------------- schema
 

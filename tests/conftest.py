@@ -39,7 +39,7 @@ def tiny():
 
 @pytest.fixture(scope="session")
 def stories_target():
-    from draftsmith import target
+    from draftsmith.targets import load as target
 
     return target.load(str(shared_path(STORIES)))
 

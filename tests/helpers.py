@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith import features
+from draftsmith.data import features
 
 
 def batch_for(target, drafter=None, b: int = 2, s: int = 12, seed: int = 0, *, required=None, layers=None,

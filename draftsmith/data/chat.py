@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from draftsmith.core.errors import UserError
 from draftsmith.data.formats import RowError
 
 PLAIN_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
@@ -25,7 +26,7 @@ EMPTY_AFTER_TRUNCATION = "empty after truncation (no assistant token within data
 
 def check_tokenizer(tokenizer) -> None:
     if not getattr(tokenizer, "is_fast", False):
-        raise ValueError(
+        raise UserError(
             f"tokenizer {type(tokenizer).__name__} is not a fast tokenizer; draftsmith needs character offsets "
             "to build loss masks: load it with AutoTokenizer.from_pretrained(..., use_fast=True)"
         )
@@ -49,7 +50,7 @@ def render_plain(tokenizer, messages: list[dict], add_generation_prompt: bool = 
     """The plain format: (text, assistant character spans)."""
     eos = _special(tokenizer, "eos_token")
     if not eos:
-        raise ValueError("the plain chat format needs an end-of-turn token but the tokenizer has no eos_token; "
+        raise UserError("the plain chat format needs an end-of-turn token but the tokenizer has no eos_token; "
                          "set tokenizer.eos_token or use a tokenizer with a chat template")
     text = _special(tokenizer, "bos_token")
     spans: list[tuple[int, int]] = []

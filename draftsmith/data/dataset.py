@@ -17,6 +17,7 @@ from typing import Iterator, Optional
 
 import torch
 
+from draftsmith.core.errors import UserError
 from draftsmith.data import chat, formats
 from draftsmith.data.encode import encode_row
 
@@ -140,7 +141,7 @@ def build_dataset(data_cfg, tokenizer) -> tuple[TokenDataset, TokenDataset, Data
     report.samples, report.tokens, report.loss_tokens = len(full), full.num_tokens, full.num_loss_tokens
     n_eval = data_cfg.eval_samples
     if len(full) - n_eval < 1:
-        raise ValueError(f"no usable training sequences: {len(full)} sequence(s) built, data.eval_samples={n_eval}; "
+        raise UserError(f"no usable training sequences: {len(full)} sequence(s) built, data.eval_samples={n_eval}; "
                          f"fix data.path / data.format or lower data.eval_samples\n{report.summary()}")
     train, heldout = full.subset(0, len(full) - n_eval), full.subset(len(full) - n_eval, len(full))
     report.train_samples, report.heldout_samples = len(train), len(heldout)
@@ -191,7 +192,7 @@ class BatchStream:
 
     def __init__(self, dataset, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, pad_id: int = 0):
         if len(dataset) == 0:
-            raise ValueError("BatchStream got an empty dataset; check data.path and the data report")
+            raise UserError("BatchStream got an empty dataset; check data.path and the data report")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
@@ -240,7 +241,7 @@ def token_counts(dataset, vocab_size: int) -> torch.Tensor:
         item = dataset[i]
         targets = item["input_ids"][item["loss_mask"].bool()]
         if len(targets) and int(targets.max()) >= vocab_size:
-            raise ValueError(f"row {item.get('id', i)} has token id {int(targets.max())} >= vocab_size {vocab_size}; "
+            raise UserError(f"row {item.get('id', i)} has token id {int(targets.max())} >= vocab_size {vocab_size}; "
                              "the data was tokenized for another target")
         counts += torch.bincount(targets, minlength=vocab_size)
     return counts

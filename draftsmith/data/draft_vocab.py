@@ -10,6 +10,8 @@ from typing import Optional
 
 import torch
 
+from draftsmith.core.errors import UserError
+
 
 def build(counts: torch.Tensor, draft_vocab_size: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """counts [V] -> (d2t LongTensor [dv], t2d BoolTensor [V]).
@@ -23,7 +25,7 @@ def build(counts: torch.Tensor, draft_vocab_size: Optional[int]) -> tuple[torch.
     V = counts.shape[0]
     dv = V if draft_vocab_size is None else int(draft_vocab_size)
     if not 0 < dv <= V:
-        raise ValueError(f"draft_vocab_size {draft_vocab_size} must be in 1..{V} (the target vocabulary) or null")
+        raise UserError(f"draft_vocab_size {draft_vocab_size} must be in 1..{V} (the target vocabulary) or null")
     order = torch.sort(-counts.long(), stable=True).indices  # step 1: [V] ids by count desc, ties by id
     kept = torch.sort(order[:dv]).values  # step 2: [dv] ascending target ids
     d2t = kept - torch.arange(dv)  # step 3
@@ -36,12 +38,12 @@ def check(d2t: torch.Tensor, t2d: torch.Tensor) -> None:
     """Raise ValueError unless t2d marks exactly the ids d2t maps to (target = draft + d2t[draft])."""
     dv = d2t.shape[0]
     if t2d.dtype != torch.bool:
-        raise ValueError(f"t2d must be a bool mask over the target vocabulary, got dtype {t2d.dtype}")
+        raise UserError(f"t2d must be a bool mask over the target vocabulary, got dtype {t2d.dtype}")
     mapped = d2t.long() + torch.arange(dv)
     kept = torch.nonzero(t2d).flatten()
     if kept.shape[0] != dv or not torch.equal(kept, mapped):
         bad = "sizes differ" if kept.shape[0] != dv else f"first mismatch at draft id {int((kept != mapped).nonzero()[0])}"
-        raise ValueError(
+        raise UserError(
             f"d2t/t2d disagree ({bad}): t2d marks {kept.shape[0]} target ids, d2t has {dv} entries; expected "
             "nonzero(t2d) == d2t + arange(dv) (target_id = draft_id + d2t[draft_id]); rebuild them with "
             "draftsmith.data.draft_vocab.build(counts, draft_vocab_size)"

@@ -27,7 +27,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from draftsmith import features as feats_mod
+from draftsmith.core.errors import UserError
+from draftsmith.data import features as feats_mod
 from draftsmith.data.dataset import collate
 
 FORMAT_VERSION = 1
@@ -130,9 +131,9 @@ def build(target, dataset, cache_dir: str, layers: list[int], dtype: str = "bflo
     """Write (or finish) the cache for `dataset` under cache_dir; returns the manifest."""
     features = cache_features(required)
     if not features:
-        raise ValueError(f"nothing to cache: required features {sorted(required)} include none of {CACHEABLE}")
+        raise UserError(f"nothing to cache: required features {sorted(required)} include none of {CACHEABLE}")
     if dtype not in DTYPES:
-        raise ValueError(f"features.dtype {dtype!r} is not one of {sorted(DTYPES)}")
+        raise UserError(f"features.dtype {dtype!r} is not one of {sorted(DTYPES)}")
     root = Path(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
     manifest_path = root / "manifest.json"
@@ -142,7 +143,7 @@ def build(target, dataset, cache_dir: str, layers: list[int], dtype: str = "bflo
         old = json.loads(manifest_path.read_text())
         diff = {k: (old.get(k), v) for k, v in expected.items() if old.get(k) != v}
         if diff:
-            raise ValueError(f"{manifest_path} belongs to another build {diff} (cached, now): delete {root} "
+            raise UserError(f"{manifest_path} belongs to another build {diff} (cached, now): delete {root} "
                              "(or set features.cache_dir to a new directory) and rerun "
                              "`draftsmith prepare recipe.yaml --features`")
         manifest = old
@@ -227,16 +228,16 @@ def open(cache_dir: str, target, layers: list[int], required: Optional[Iterable[
                                 "`draftsmith prepare recipe.yaml --features`")
     manifest = json.loads(path.read_text())
     if not target.matches(manifest.get("target_fingerprint")):
-        raise ValueError(f"feature cache {root} was built for target {manifest.get('target')!r} (fingerprint "
+        raise UserError(f"feature cache {root} was built for target {manifest.get('target')!r} (fingerprint "
                          f"{manifest.get('target_fingerprint')}), not {target.name!r} (fingerprint {target.fingerprint}); "
                          + REBUILD)
     if manifest.get("layers") != list(layers):
-        raise ValueError(f"feature cache {root} holds layers {manifest.get('layers')}, the drafter needs {list(layers)}; "
+        raise UserError(f"feature cache {root} holds layers {manifest.get('layers')}, the drafter needs {list(layers)}; "
                          + REBUILD)
     if not manifest.get("complete"):
-        raise ValueError(f"feature cache {root} is incomplete ({len(manifest['shards'])} shard(s) written); "
+        raise UserError(f"feature cache {root} is incomplete ({len(manifest['shards'])} shard(s) written); "
                          "finish it with `draftsmith prepare recipe.yaml --features` (it resumes)")
     missing = set(cache_features(required or [])) - set(manifest["features"])
     if missing:
-        raise ValueError(f"feature cache {root} lacks {sorted(missing)} (has {manifest['features']}); " + REBUILD)
+        raise UserError(f"feature cache {root} lacks {sorted(missing)} (has {manifest['features']}); " + REBUILD)
     return CachedDataset(root, manifest)

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from draftsmith.core.errors import UserError
+
 DATA_SUFFIXES = (".json", ".jsonl", ".txt")  # plus .parquet / .arrow, save_to_disk folders, hf:ORG/NAME (hf_sources)
 PROMPT_KEYS = ("prompt", "turns", "question")
 ROLE_ALIASES = {
@@ -94,7 +96,7 @@ class RawRow:
 def expand_paths(paths: list[str]) -> list[str]:
     """data.path entries -> files: globs and directories (*.json, *.jsonl, *.txt) expanded, sorted."""
     if not paths:
-        raise ValueError("data.path is empty: set data.path in the recipe (or pass data.path=FILE on the command line)")
+        raise UserError("data.path is empty: set data.path in the recipe (or pass data.path=FILE on the command line)")
     from draftsmith.data import hf_sources
 
     files: list[str] = []

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import parse_qsl
 
+from draftsmith.core.errors import UserError
+
 HF_PREFIX = "hf:"
 TABLE_SUFFIXES = (".parquet", ".arrow")
 SPEC_KEYS = ("split", "config", "revision")
@@ -35,7 +37,7 @@ def split_query(path: str) -> tuple[str, dict]:
     params = dict(parse_qsl(query, keep_blank_values=False)) if query else {}
     unknown = sorted(set(params) - set(SPEC_KEYS))
     if unknown:
-        raise ValueError(f"data.path {path!r}: unknown option(s) {unknown}; known: {list(SPEC_KEYS)} "
+        raise UserError(f"data.path {path!r}: unknown option(s) {unknown}; known: {list(SPEC_KEYS)} "
                          "(e.g. hf:ORG/NAME?split=train&config=default&revision=main)")
     return base, params
 
@@ -79,7 +81,7 @@ def _load_hf(path: str):
     base, params = split_query(path)
     name = base[len(HF_PREFIX):]
     if name.count("/") != 1:
-        raise ValueError(f"data.path {path!r}: expected hf:ORG/NAME (e.g. hf:HuggingFaceH4/ultrachat_200k)")
+        raise UserError(f"data.path {path!r}: expected hf:ORG/NAME (e.g. hf:HuggingFaceH4/ultrachat_200k)")
     split, config, revision = params.get("split", "train"), params.get("config"), params.get("revision")
     try:  # 1. the hub download cache: no network needed
         local = snapshot_download(name, repo_type="dataset", revision=revision, local_files_only=True,
@@ -117,7 +119,7 @@ def load(path: str):
     if isinstance(loaded, datasets.DatasetDict):
         split = params.get("split", "train")
         if split not in loaded:
-            raise ValueError(f"data.path {path!r}: the saved DatasetDict has splits {list(loaded)}, not {split!r}; "
+            raise UserError(f"data.path {path!r}: the saved DatasetDict has splits {list(loaded)}, not {split!r}; "
                              f"add ?split=NAME")
         return loaded[split]
     return loaded

@@ -43,6 +43,7 @@ from typing import Optional
 
 import torch
 
+from draftsmith.core.errors import UserError
 from draftsmith.data import chat, formats
 
 MAX_EXAMPLES = 10
@@ -165,7 +166,7 @@ def api_key(api_key_env: Optional[str] = None, endpoint: Optional[str] = None,
     endpoint equal (scheme, host, port) to DRAFTSMITH_API_ENDPOINT."""
     if api_key_env:
         if not os.environ.get(api_key_env):
-            raise ValueError(f"--api-key-env {api_key_env}: the environment variable {api_key_env} is not set "
+            raise UserError(f"--api-key-env {api_key_env}: the environment variable {api_key_env} is not set "
                              "or empty; export it, or drop --api-key-env to send no key")
         return os.environ[api_key_env], f"${api_key_env} (--api-key-env)"
     if not os.environ.get(API_KEY_VARIABLE):
@@ -184,9 +185,9 @@ def check_endpoint(endpoint: str, has_key: bool) -> None:
     """http(s) only; an API key never travels over plain http except to this machine."""
     url = urllib.parse.urlparse(endpoint)
     if url.scheme not in ("http", "https") or not url.hostname:
-        raise ValueError(f"regenerate.endpoint {endpoint!r} is not an http(s) URL; e.g. http://127.0.0.1:8000/v1")
+        raise UserError(f"regenerate.endpoint {endpoint!r} is not an http(s) URL; e.g. http://127.0.0.1:8000/v1")
     if has_key and url.scheme == "http" and url.hostname not in LOCAL_HOSTS:
-        raise ValueError(f"regenerate.endpoint {endpoint!r}: refusing to send the API key over plain http to "
+        raise UserError(f"regenerate.endpoint {endpoint!r}: refusing to send the API key over plain http to "
                          f"{url.hostname}; use https://, or a server on localhost")
 
 
@@ -252,7 +253,7 @@ class _WatchedHTTP(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
 _OPENER = urllib.request.build_opener(_NoRedirect, _WatchedHTTP)
 
 
-class BadResponse(ValueError):
+class BadResponse(UserError):
     """A response past a bound (size, time), cut short, or not the JSON asked for."""
 
 
@@ -284,10 +285,10 @@ class HTTPGenerator:
 
     def __init__(self, rcfg, data_cfg, tokenizer=None, api_key_env: Optional[str] = None, log=print):
         if not rcfg.endpoint:
-            raise ValueError("regenerate.endpoint is required for regenerate.generator=openai "
+            raise UserError("regenerate.endpoint is required for regenerate.generator=openai "
                              "(e.g. regenerate.endpoint=http://127.0.0.1:8000/v1)")
         if rcfg.api == "completions" and tokenizer is None:
-            raise ValueError("regenerate.api=completions renders prompts locally and needs the target tokenizer")
+            raise UserError("regenerate.api=completions renders prompts locally and needs the target tokenizer")
         self.rcfg, self.mode, self.tokenizer = rcfg, data_cfg.chat_template, tokenizer
         self.key, self.key_source = api_key(api_key_env, rcfg.endpoint, log)  # local servers need none
         check_endpoint(rcfg.endpoint, self.key is not None)
@@ -377,7 +378,7 @@ def load_done(output: Path) -> tuple[set[str], bool]:
             done.add(json.loads(line)["id"])
         except (json.JSONDecodeError, KeyError, TypeError, RecursionError) as exc:
             reason = " ".join(str(exc).split())[:80] or "nested too deeply"
-            raise ValueError(f"{output}:{n}: not a regeneration row ({reason}); the file is damaged in the middle: "
+            raise UserError(f"{output}:{n}: not a regeneration row ({reason}); the file is damaged in the middle: "
                              "delete it (or set regenerate.output to a new path) and rerun") from exc
     if torn:
         with open(output, "r+b") as f:
@@ -389,16 +390,16 @@ def _check_settings(sidecar: Path, settings: dict, output: Path) -> None:
     if not output.exists() or output.stat().st_size == 0:
         return
     if not sidecar.exists():
-        raise ValueError(f"{output} exists but {sidecar.name} (the settings it was written with) does not, so "
+        raise UserError(f"{output} exists but {sidecar.name} (the settings it was written with) does not, so "
                          "resuming could mix answers of other settings: delete it or set regenerate.output to a new path")
     try:
         old = json.loads(sidecar.read_text()).get("settings", {})
     except (json.JSONDecodeError, AttributeError) as exc:
-        raise ValueError(f"{sidecar} is damaged ({exc}); delete {output} and {sidecar.name}, "
+        raise UserError(f"{sidecar} is damaged ({exc}); delete {output} and {sidecar.name}, "
                          "or set regenerate.output to a new path") from None
     diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
     if diff:
-        raise ValueError(f"{output} was written with other settings {diff} (old, new); resuming would mix them: "
+        raise UserError(f"{output} was written with other settings {diff} (old, new); resuming would mix them: "
                          "delete it or set regenerate.output to a new path")
 
 
@@ -503,7 +504,7 @@ def regenerate_for_recipe(cfg, target=None, limit=None, log=print, api_key_env=N
     (the openai generator's key). target: the loaded target (the local generator loads it if None)."""
     rc = cfg.regenerate
     if rc.generator == "local":
-        from draftsmith import target as target_mod
+        from draftsmith.targets import load as target_mod
 
         target = target or target_mod.from_config(cfg.target)
         generator = LocalGenerator(target, rc, cfg.data)
@@ -522,7 +523,7 @@ def recipe_tokenizer(cfg):
     """The tokenizer of a recipe's target (no weights loaded)."""
     from transformers import AutoTokenizer
 
-    from draftsmith.target import hf_kwargs, locate
+    from draftsmith.targets.load import hf_kwargs, locate
 
     local, gguf_name = locate(cfg.target.path, cfg.target.gguf_file)  # a .gguf target carries its tokenizer
     return AutoTokenizer.from_pretrained(local, revision=cfg.target.revision,

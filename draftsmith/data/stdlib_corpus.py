@@ -23,6 +23,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
+from draftsmith.core.errors import UserError
+
 SPLITS = {"target": (0, 80), "drafter": (80, 90), "heldout": (90, 100)}
 EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"})
 MAX_FILE_BYTES = 200 * 1024
@@ -66,7 +68,7 @@ def _all_files(root: Path) -> tuple[tuple[str, Path], ...]:
 
 def _check_split(split: str) -> None:
     if split not in SPLITS:
-        raise ValueError(f"unknown stdlib corpus split {split!r}; choose one of {list(SPLITS)}")
+        raise UserError(f"unknown stdlib corpus split {split!r}; choose one of {list(SPLITS)}")
 
 
 def files(split: str) -> list[Path]:
@@ -110,7 +112,7 @@ def prompts(split: str = "heldout", n: int = 20, prompt_chars: int = 400, seed: 
         if len(text) >= prompt_chars + 200 and cut > 0:
             eligible.append((doc_id, head[: cut + 1]))
     if n > len(eligible):
-        raise ValueError(
+        raise UserError(
             f"asked for {n} prompts but split {split!r} has only {len(eligible)} files longer than "
             f"{prompt_chars + 200} characters under {stdlib_dir()}; lower n or prompt_chars"
         )

@@ -19,6 +19,7 @@ from typing import Iterator
 
 import torch
 
+from draftsmith.core.errors import UserError
 from draftsmith.data.dataset import DataReport, TokenDataset, collate
 
 VOCAB_ROWS = 10_000
@@ -49,7 +50,7 @@ def open_stream(data_cfg, tokenizer) -> tuple[StreamingSource, TokenDataset, Dat
     source = StreamingSource(data_cfg, tokenizer, report)
     held = list(itertools.islice(source.sequences(DataReport()), data_cfg.eval_samples))
     if len(held) < data_cfg.eval_samples:
-        raise ValueError(f"data.path {list(data_cfg.path)}: only {len(held)} sequence(s) in the stream, "
+        raise UserError(f"data.path {list(data_cfg.path)}: only {len(held)} sequence(s) in the stream, "
                          f"data.eval_samples={data_cfg.eval_samples}; lower data.eval_samples")
     heldout = TokenDataset([h["input_ids"].int() for h in held], [h["loss_mask"].to(torch.uint8) for h in held],
                            [h["id"] for h in held])
@@ -63,12 +64,12 @@ def token_counts(source: StreamingSource, vocab_size: int) -> torch.Tensor:
     for item in itertools.islice(source.training(), VOCAB_ROWS):
         targets = item["input_ids"][item["loss_mask"].bool()]
         if len(targets) and int(targets.max()) >= vocab_size:
-            raise ValueError(f"row {item['id']} has token id {int(targets.max())} >= vocab_size {vocab_size}; "
+            raise UserError(f"row {item['id']} has token id {int(targets.max())} >= vocab_size {vocab_size}; "
                              "the data was tokenized for another target")
         counts += torch.bincount(targets, minlength=vocab_size)
         seen += 1
     if seen == 0:
-        raise ValueError(f"data.path {list(source.data_cfg.path)}: no training sequences in the stream after the "
+        raise UserError(f"data.path {list(source.data_cfg.path)}: no training sequences in the stream after the "
                          f"{source.skip} heldout ones (see the data report)")
     return counts
 
@@ -76,13 +77,13 @@ def token_counts(source: StreamingSource, vocab_size: int) -> torch.Tensor:
 def check(cfg) -> None:
     """Recipe checks for data.streaming (the row count is unknown; features come from the target)."""
     if not cfg.train.max_steps:
-        raise ValueError("data.streaming: true needs train.max_steps (a stream has no known length); set e.g. "
+        raise UserError("data.streaming: true needs train.max_steps (a stream has no known length); set e.g. "
                          "train.max_steps=1000")
     if cfg.features.mode == "offline":
-        raise ValueError("data.streaming: true reads rows lazily, features.mode: offline needs every row cached "
+        raise UserError("data.streaming: true reads rows lazily, features.mode: offline needs every row cached "
                          "first; use features.mode: online, or build the cache from a non-streaming recipe")
     if cfg.data.num_proc:
-        raise ValueError("data.streaming: true tokenizes lazily in this process; unset data.num_proc")
+        raise UserError("data.streaming: true tokenizes lazily in this process; unset data.num_proc")
 
 
 def batch_stream(train_set, batch_size: int, seed: int, rank: int, world_size: int, pad_id: int, shuffle_buffer: int):
@@ -139,7 +140,7 @@ class StreamBatchStream:
                 self.taken += 1
                 return batch
             self.epoch, self.taken, self._it = self.epoch + 1, 0, None
-        raise ValueError("the stream has no training sequences on this rank; check data.path and data.eval_samples")
+        raise UserError("the stream has no training sequences on this rank; check data.path and data.eval_samples")
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "position": self.taken, "streaming": True}

@@ -26,6 +26,8 @@ import math
 import statistics
 from pathlib import Path
 
+from draftsmith.core.errors import UserError
+
 TOLERANCE = 0.05  # |engine tau / draftsmith tau - 1| within this: agree (the issue's 5 %)
 
 CAUSES_TARGET = ("prompt format or tokenization (the engine counted a different prompt length)",
@@ -48,7 +50,7 @@ def engine_request(reply: dict, prompt_len: int) -> dict:
     drafted = int(timings.get("draft_n", 0) or 0)
     rounds = max(new - 1 - accepted, 0)
     if new > 1 and rounds == 0:
-        raise ValueError(f"llama-server reported {accepted} accepted drafts for {new} tokens: more than a round "
+        raise UserError(f"llama-server reported {accepted} accepted drafts for {new} tokens: more than a round "
                          "can commit; the reply is not one request's")
     return {"new_tokens": new, "accepted": accepted, "proposed": drafted, "rounds": rounds,
             "committed": max(new - 1, 0),
@@ -117,10 +119,10 @@ def spread(values: list[float]) -> dict:
 
 def draftsmith_side(target, proposer, prompts: list, k: int, max_new_tokens: int) -> tuple[list[dict], list[list[int]]]:
     """draftsmith's loop on the prompts, greedy, EOS ignored -> (request metrics, target-only outputs)."""
+    from draftsmith.core.sampling import SamplingParams
     from draftsmith.eval import metrics
     from draftsmith.eval.loop import LoopConfig, generate
     from draftsmith.eval.runner import first_difference
-    from draftsmith.sampling import SamplingParams
 
     requests, base_tokens = [], []
     for ids in prompts:

@@ -29,10 +29,11 @@ from typing import Optional
 
 import torch
 
+from draftsmith.core.errors import UserError
+from draftsmith.core.sampling import SamplingParams, logits_to_probs, sample, verify
 from draftsmith.eval import batch as batch_mod
 from draftsmith.eval import tree as tree_mod
-from draftsmith.sampling import SamplingParams, logits_to_probs, sample, verify
-from draftsmith.target import Target, TargetOutput
+from draftsmith.targets.load import Target, TargetOutput
 
 
 @dataclass
@@ -116,12 +117,12 @@ class SpeculativeState:
     """
 
     def __init__(self, target: Target, proposer, cfg: LoopConfig, generator: torch.Generator | None = None):
-        from draftsmith.archs import new_cache
+        from draftsmith.targets.archs import new_cache
 
         if cfg.k < 0:
-            raise ValueError(f"k must be >= 0, got {cfg.k}")
+            raise UserError(f"k must be >= 0, got {cfg.k}")
         if cfg.k > 0 and proposer is None:
-            raise ValueError("k > 0 needs a proposer (pass k=0 for target-only decoding)")
+            raise UserError("k > 0 needs a proposer (pass k=0 for target-only decoding)")
         self.target, self.proposer, self.cfg, self.generator = target, proposer, cfg, generator
         self.device = target.device
         self.eos = set(cfg.eos_ids if cfg.eos_ids is not None else target.eos_ids)
@@ -173,10 +174,10 @@ class SpeculativeState:
         limit = getattr(self.target.config, "max_position_embeddings", None)
         n = prompt_ids.shape[0]
         if limit is not None and n + self.cfg.max_new_tokens > limit:
-            raise ValueError(f"prompt ({n} tokens) + max_new_tokens ({self.cfg.max_new_tokens}) exceeds the target's "
+            raise UserError(f"prompt ({n} tokens) + max_new_tokens ({self.cfg.max_new_tokens}) exceeds the target's "
                              f"max_position_embeddings ({limit}); shorten the prompt or lower --max-new-tokens")
         if self.cfg.max_new_tokens < 1:
-            raise ValueError("max_new_tokens must be >= 1")
+            raise UserError("max_new_tokens must be >= 1")
         start = _clock(self.device)
         out = self.target.forward(prompt_ids[None], cache=self.cache)  # [1, n] -> logits [1, n, V]
         first = self._first_token(out.logits[0, -1])
@@ -274,7 +275,7 @@ class BatchState:
 
     def __init__(self, target: Target, proposers: list, cfg: LoopConfig, generators: list | None = None):
         if cfg.tree is not None:
-            raise ValueError("batched decoding drafts chains only: drop --tree or use --batch-size 1")
+            raise UserError("batched decoding drafts chains only: drop --tree or use --batch-size 1")
         generators = generators or [None] * len(proposers)
         self.target, self.cfg = target, cfg
         self.rows = [SpeculativeState(target, p, cfg, g) for p, g in zip(proposers, generators)]

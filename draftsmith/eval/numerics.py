@@ -31,7 +31,7 @@ from typing import Optional
 
 import torch
 
-from draftsmith.target import TargetOutput
+from draftsmith.targets.load import TargetOutput
 
 NEAR_TIE_STEPS = 2.0  # --near-tie-steps: the margin, in dtype steps, below which a divergence is numerics
 

@@ -27,7 +27,6 @@ relative error.
 """
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import json
 import shlex
@@ -37,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.errors import UserError
+from draftsmith.core.errors import UserError
 from draftsmith.eval import batch as batch_mod
 from draftsmith.eval import workloads
 from draftsmith.eval.loop import LoopConfig, _clock, generate
@@ -45,31 +44,6 @@ from draftsmith.report import speedup_model
 from draftsmith.report.speedup_model import PROFILE_FILE, PROFILE_SCHEMA, expected_tau
 
 SCHEMA = PROFILE_SCHEMA
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="a training checkpoint dir (runs/NAME/final); the profile is written there")
-    p.add_argument("--workloads", default="mt_bench,gsm8k", help="comma-separated workload names")
-    p.add_argument("--k-max", type=int, default=6, help="deepest draft length profiled")
-    p.add_argument("--num-prompts", type=int, default=8, help="per workload, for acceptance")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--batches", default="1,2,4,8,16,32", help="batch sizes of the verify-cost grid and predictions")
-    p.add_argument("--contexts", default="64,256", help="context lengths of the verify-cost grid")
-    p.add_argument("--repeats", type=int, default=10, help="timed forwards per grid point (minimum)")
-    p.add_argument("--overhead-batch", type=int, default=8, help="batch size of the loop-overhead measurement")
-    p.add_argument("--validate-batches", default="", help="e.g. 1,4,16: measure batched runs and state the error")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--out", type=Path, default=None, help=f"default: PATH/{PROFILE_FILE}")
-
-
-def _ints(text: str, flag: str) -> list[int]:
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"{flag} {text!r}: give comma-separated integers, e.g. 1,4,16") from None
-    if any(v < 1 for v in out):
-        raise UserError(f"{flag} {text!r}: values must be >= 1")
-    return out
 
 
 def _check_counts(repeats: int, k_max: int, num_prompts: int, max_new_tokens: int, overhead_batch: int) -> None:
@@ -313,8 +287,8 @@ def run(path: str | Path, workload_names: list[str] = ("mt_bench", "gsm8k"), k_m
         out: Path | None = None) -> dict:
     """Measure and write a checkpoint's speedup profile (the module docstring) to `out` (default
     PATH/speedup_profile.json); returns the profile. `draftsmith profile` calls this with its flags."""
-    from draftsmith.bounds import check_draft_tokens
     from draftsmith.checkpoint import load_drafter
+    from draftsmith.core.bounds import check_draft_tokens
     from draftsmith.eval import proposers, results, runner
 
     _check_counts(repeats, k_max, num_prompts, max_new_tokens, overhead_batch)
@@ -381,16 +355,6 @@ def run(path: str | Path, workload_names: list[str] = ("mt_bench", "gsm8k"), k_m
     print(summary(profile))
     print(f"[profile] written to {out}")
     return profile
-
-
-def main(args: argparse.Namespace) -> int:
-    run(args.path, args.workloads.split(","), k_max=args.k_max, num_prompts=args.num_prompts,
-        max_new_tokens=args.max_new_tokens, batches=_ints(args.batches, "--batches"),
-        contexts=_ints(args.contexts, "--contexts"),
-        repeats=args.repeats, overhead_batch=args.overhead_batch,
-        validate_batches=_ints(args.validate_batches, "--validate-batches") if args.validate_batches else [],
-        device=args.device, out=args.out)
-    return 0
 
 
 def summary(profile: dict) -> str:

@@ -20,11 +20,12 @@ from typing import Callable
 
 import torch
 
+from draftsmith.core.errors import UserError
+from draftsmith.core.registry import Registry
+from draftsmith.core.sampling import SamplingParams
 from draftsmith.heads.base import Draft
 from draftsmith.heads.draft_lm import DraftModelProposer, check_same_tokenizer
-from draftsmith.registry import Registry
-from draftsmith.sampling import SamplingParams
-from draftsmith.target import Target, TargetOutput
+from draftsmith.targets.load import Target, TargetOutput
 
 PROPOSERS: Registry[Callable] = Registry("proposer")
 
@@ -46,9 +47,9 @@ class NgramProposer:
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, match: str = "first"):
         if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"ngram sizes need 1 <= min_ngram ({min_ngram}) <= max_ngram ({max_ngram})")
+            raise UserError(f"ngram sizes need 1 <= min_ngram ({min_ngram}) <= max_ngram ({max_ngram})")
         if match not in ("first", "last"):
-            raise ValueError(f"ngram match must be 'first' or 'last', got {match!r}")
+            raise UserError(f"ngram match must be 'first' or 'last', got {match!r}")
         self.max_ngram, self.min_ngram, self.match = max_ngram, min_ngram, match
 
     def begin(self, prompt_ids: torch.Tensor) -> None:
@@ -92,7 +93,7 @@ class NgramFirstProposer:
     def __init__(self, ngram: NgramProposer, drafter, rounds: Counter | None = None, max_pending: int = 16,
                  drafter_k: int | None = None):
         if drafter_k is not None and drafter_k < 1:
-            raise ValueError(f"drafter_k must be >= 1, got {drafter_k}")
+            raise UserError(f"drafter_k must be >= 1, got {drafter_k}")
         self.ngram, self.drafter, self.max_pending, self.drafter_k = ngram, drafter, max_pending, drafter_k
         self.name = f"ngram_first+{getattr(drafter, 'name', type(drafter).__name__)}"
         self.rounds = rounds if rounds is not None else Counter()  # "ngram" / "drafter" -> rounds drafted
@@ -168,10 +169,10 @@ class ReplayProposer:
 def build_draft_lm(target: Target, draft_model: str | Target | None = None, dtype: str | None = None,
                    **_) -> DraftModelProposer:
     """draft_model: a local dir, HF id, builtin:NAME or an already loaded Target."""
-    from draftsmith import target as target_mod
+    from draftsmith.targets import load as target_mod
 
     if draft_model is None:
-        raise ValueError("the draft_lm proposer needs --draft-model DIR_OR_ID")
+        raise UserError("the draft_lm proposer needs --draft-model DIR_OR_ID")
     if not isinstance(draft_model, Target):
         dtype = dtype or str(target.dtype).removeprefix("torch.")
         draft_model = target_mod.load(draft_model, dtype=dtype, device=str(target.device))

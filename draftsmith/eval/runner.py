@@ -14,10 +14,11 @@ from typing import Callable, Optional
 
 import torch
 
+from draftsmith.core.errors import UserError
+from draftsmith.core.sampling import SamplingParams
 from draftsmith.eval import bins, metrics, numerics, workloads
 from draftsmith.eval.loop import Generation, LoopConfig, generate
 from draftsmith.eval.tree import TreeConfig
-from draftsmith.sampling import SamplingParams
 
 
 @dataclass
@@ -95,14 +96,14 @@ def _lossless(target, proposer, item_id: str, ids, spec: Generation, base: Gener
 def run_workload(target, proposer, name: str, s: EvalSettings, log: Callable[[str], None] = print) -> dict:
     """One workload -> its results section (docs/results-schema.md)."""
     if s.repeats < 1:
-        raise ValueError(f"repeats must be >= 1 (timed runs per prompt and mode), got {s.repeats}")
+        raise UserError(f"repeats must be >= 1 (timed runs per prompt and mode), got {s.repeats}")
     items = workloads.load(name, s.data_dir, s.num_prompts)
     if not items:
-        raise ValueError(f"workload {name!r} has no prompts")
+        raise UserError(f"workload {name!r} has no prompts")
     limit = getattr(target.config, "max_position_embeddings", None)
     max_prompt = None if limit is None else limit - s.max_new_tokens
     if max_prompt is not None and max_prompt < 1:
-        raise ValueError(f"--max-new-tokens {s.max_new_tokens} leaves no room for a prompt in {limit} positions")
+        raise UserError(f"--max-new-tokens {s.max_new_tokens} leaves no room for a prompt in {limit} positions")
     encoded = [(item, *workloads.encode(item, target.tokenizer, s.prompt_format, max_prompt)) for item in items]
     for _item, ids, _ in encoded[: s.warmup]:
         _run(target, proposer, ids, 0, s, s.sampling, s.seed)

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith.sampling import SamplingParams, logits_to_probs, sample
+from draftsmith.core.errors import UserError
+from draftsmith.core.sampling import SamplingParams, logits_to_probs, sample
 
 
 @dataclass
@@ -38,10 +39,10 @@ class TreeConfig:
 
     def __post_init__(self):
         if self.kind not in ("dynamic", "static"):
-            raise ValueError(f"--tree must be 'dynamic' or 'static', got {self.kind!r}")
+            raise UserError(f"--tree must be 'dynamic' or 'static', got {self.kind!r}")
         for name in ("depth", "topk", "budget"):
             if getattr(self, name) < 1:
-                raise ValueError(f"--tree-{name.replace('budget', 'verify-budget')} must be >= 1, got {getattr(self, name)}")
+                raise UserError(f"--tree-{name.replace('budget', 'verify-budget')} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass
@@ -188,7 +189,7 @@ def static_tree(proposer, choices: list[tuple[int, ...]]) -> Tree:
         for c in level:
             parent = node_of.get(c[:-1], -1) if d >= 2 else -1
             if d >= 2 and c[:-1] not in node_of:
-                raise ValueError(f"static tree choice {c} has no parent {c[:-1]} in the tree")
+                raise UserError(f"static tree choice {c} has no parent {c[:-1]} in the tree")
             lp = lp_of[parent]
             top = lp.topk(c[-1] + 1)
             if top.values[-1] == float("-inf"):
@@ -201,7 +202,7 @@ def static_tree(proposer, choices: list[tuple[int, ...]]) -> Tree:
 def build(proposer, cfg: TreeConfig, depth: int) -> Tree:
     """The round's tree, at most `depth` deep (the loop lowers it near max_new_tokens)."""
     if not (hasattr(proposer, "tree_root") and hasattr(proposer, "tree_expand")):
-        raise ValueError(f"proposer {getattr(proposer, 'name', type(proposer).__name__)!r} does not draft trees; "
+        raise UserError(f"proposer {getattr(proposer, 'name', type(proposer).__name__)!r} does not draft trees; "
                          "drop --tree or use an eagle1/eagle3/medusa/mlp_speculator checkpoint or --draft-model")
     depth = min(depth, cfg.depth, getattr(proposer, "max_tree_depth", depth))
     if cfg.kind == "dynamic":

@@ -32,8 +32,8 @@ from typing import Callable
 
 import torch
 
-from draftsmith.errors import UnknownNameError
-from draftsmith.registry import Registry
+from draftsmith.core.errors import UnknownNameError, UserError
+from draftsmith.core.registry import Registry
 
 WORKLOADS: Registry[Callable[[Path], list[dict]]] = Registry("workload")
 SPEC_BENCH_TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
@@ -64,9 +64,9 @@ def _jsonl(path: Path) -> list[dict]:
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg})") from e
+                    raise UserError(f"{path}:{line_no}: not valid JSON ({e.msg})") from e
                 except RecursionError:
-                    raise ValueError(f"{path}:{line_no}: not valid JSON (nested too deeply)") from None
+                    raise UserError(f"{path}:{line_no}: not valid JSON (nested too deeply)") from None
         return rows
 
 
@@ -155,7 +155,7 @@ def _user_jsonl(path: Path) -> list[dict]:
         elif isinstance(r.get("turns"), list) and r["turns"]:
             item["prompt"] = r["turns"][0]
         else:
-            raise ValueError(f"{path} row {i + 1}: needs a string 'prompt', a 'messages' list or a 'turns' list")
+            raise UserError(f"{path} row {i + 1}: needs a string 'prompt', a 'messages' list or a 'turns' list")
         items.append(item)
     return items
 
@@ -203,7 +203,7 @@ def load(name: str, data_dir: Path | str | None = None, num_prompts: int | None 
 
 def checkpoint_recipe(path: str | Path) -> dict | None:
     """The recipe a training checkpoint was made with (its config.yaml, parsed as data), or None."""
-    from draftsmith.safe_yaml import load as load_yaml
+    from draftsmith.core.safe_yaml import load as load_yaml
 
     recipe = Path(path) / "config.yaml"
     return load_yaml(recipe.read_text(encoding="utf-8"), str(recipe)) if recipe.exists() else None
@@ -232,16 +232,16 @@ def encode(item: dict, tokenizer, prompt_format: str = "auto", max_tokens: int |
     from draftsmith.data.formats import RowError
 
     if prompt_format not in PROMPT_FORMATS:
-        raise ValueError(f"prompt format {prompt_format!r} is not one of {PROMPT_FORMATS}")
+        raise UserError(f"prompt format {prompt_format!r} is not one of {PROMPT_FORMATS}")
     messages = item.get("messages") or [{"role": "user", "content": item["prompt"]}]
     has_template = bool(getattr(tokenizer, "chat_template", None))
     if prompt_format == "chat" and not has_template:
-        raise ValueError("--prompt-format chat needs a tokenizer with a chat template; use auto, plain or raw")
+        raise UserError("--prompt-format chat needs a tokenizer with a chat template; use auto, plain or raw")
     if prompt_format == "chat" or (prompt_format == "auto" and has_template):
         try:  # the target's own template: bounded in time and output (data/template_bounds.py)
             ids = chat.encode_prompt(tokenizer, messages, "auto")
         except RowError as exc:
-            raise ValueError(f"the target's chat template cannot render a prompt ({exc}); fix the template in its "
+            raise UserError(f"the target's chat template cannot render a prompt ({exc}); fix the template in its "
                              "tokenizer_config.json, or pass --prompt-format plain") from None
     elif prompt_format == "plain":
         ids = chat.encode_prompt(tokenizer, messages, "plain")

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from draftsmith.errors import UserError
+from draftsmith.core.errors import UserError
+from draftsmith.core.files import clean_stale_temps, disk_full_guard, temp_dir_beside, terminate_cleanly
 from draftsmith.export.common import CONFIG_FILE, SIDECAR_FILE, WEIGHTS_FILE, ExportFiles, ExportOptions, num_tokens
-from draftsmith.files import clean_stale_temps, disk_full_guard, temp_dir_beside, terminate_cleanly
 from draftsmith.report.speedup_model import PROFILE_FILE, PROFILE_SCHEMA
 
 
@@ -64,10 +64,10 @@ def check_out_dir(out: Path, source: Path | None, overwrite: bool) -> bool:
     if source is not None:
         src = source.resolve()
         if out == src or out in src.parents:
-            raise ValueError(f"--out {out} is the source checkpoint {source} or a folder holding it; "
+            raise UserError(f"--out {out} is the source checkpoint {source} or a folder holding it; "
                              "write the export to a new directory, e.g. --out exported/NAME")
         if src in out.parents:
-            raise ValueError(f"--out {out} lies inside the source checkpoint {source}; choose a directory outside it")
+            raise UserError(f"--out {out} lies inside the source checkpoint {source}; choose a directory outside it")
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {out} is a file; give a directory")
     if not out.exists() or not any(out.iterdir()):
@@ -133,7 +133,7 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
     exporter = EXPORTERS.get(to)()
     opts = options or ExportOptions()
     if opts.max_model_len is not None and to != "hf":
-        raise ValueError(f"--max-model-len applies to --to hf (a draft LM with a shorter context), not --to {to}")
+        raise UserError(f"--max-model-len applies to --to hf (a draft LM with a shorter context), not --to {to}")
     version = engine_versions.resolve(to, opts.engine_version)  # None: a format without a version table
     out = Path(out).resolve()
     source = Path(checkpoint) if isinstance(checkpoint, (str, os.PathLike)) else None
@@ -144,9 +144,9 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
     if kind not in exporter.kinds:
         why = getattr(loaded.drafter, "export_refused", {}).get(to)
         if why:  # an engine serves the kind in a layout draftsmith does not write yet: say which
-            raise ValueError(f"--to {to} does not take {kind} drafters: {why}")
+            raise UserError(f"--to {to} does not take {kind} drafters: {why}")
         fits = formats_for(kind)
-        raise ValueError(engine_gap(to, kind, fits) or f"--to {to} does not take {kind} drafters (it takes "
+        raise UserError(engine_gap(to, kind, fits) or f"--to {to} does not take {kind} drafters (it takes "
                          f"{list(exporter.kinds)}); formats for {kind}: {fits}")
     engine_versions.check(to, version, kind)  # e.g. vLLM 0.33 serves no Medusa: refused before any file is built
     check_dspark_options(to, kind, opts)
@@ -216,16 +216,16 @@ def _speedup_profile(checkpoint) -> str | None:
     text = path.read_text(encoding="utf-8")
 
     def no_constant(name):  # NaN / Infinity are not JSON; copied on, they break every strict reader
-        raise ValueError(f"{path}: holds {name}, which is not JSON; rerun `draftsmith profile {checkpoint}` or delete it")
+        raise UserError(f"{path}: holds {name}, which is not JSON; rerun `draftsmith profile {checkpoint}` or delete it")
 
     try:
         data = json.loads(text, parse_constant=no_constant)
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err.msg}); rerun `draftsmith profile {checkpoint}` or delete it") from err
+        raise UserError(f"{path}: not valid JSON ({err.msg}); rerun `draftsmith profile {checkpoint}` or delete it") from err
     except RecursionError:
-        raise ValueError(f"{path}: nested too deeply; rerun `draftsmith profile {checkpoint}` or delete it") from None
+        raise UserError(f"{path}: nested too deeply; rerun `draftsmith profile {checkpoint}` or delete it") from None
     if not isinstance(data, dict) or data.get("schema") != PROFILE_SCHEMA:
         data = data if isinstance(data, dict) else {"schema": f"(a JSON {type(data).__name__})"}
-        raise ValueError(f"{path}: schema {data.get('schema')!r} is not {PROFILE_SCHEMA}; "
+        raise UserError(f"{path}: schema {data.get('schema')!r} is not {PROFILE_SCHEMA}; "
                          f"rerun `draftsmith profile {checkpoint}` or delete it")
     return text

@@ -21,7 +21,8 @@ import torch
 
 from draftsmith import __version__
 from draftsmith import config as config_mod
-from draftsmith.registry import Registry
+from draftsmith.core.errors import UserError
+from draftsmith.core.registry import Registry
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 WEIGHTS_FILE = "model.safetensors"
@@ -66,7 +67,7 @@ class TensorSpec:
     dtype: torch.dtype
 
 
-class ExportValidationError(ValueError):
+class ExportValidationError(UserError):
     """Every problem found in one export, one per line."""
 
     def __init__(self, where: str, problems: list[str]):
@@ -148,8 +149,8 @@ class Exporter:
         if name is None:
             why = DRAFTERS.get(kind).export_refused.get(self.name)
             if why:
-                raise ValueError(f"--to {self.name} does not take {kind} drafters: {why}")
-            raise ValueError(f"--to {self.name} does not take {kind} drafters (it takes {list(self.kinds)})")
+                raise UserError(f"--to {self.name} does not take {kind} drafters: {why}")
+            raise UserError(f"--to {self.name} does not take {kind} drafters (it takes {list(self.kinds)})")
         return layouts(self.name).get(name)(self.name, self.engine)
 
     def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:
@@ -193,7 +194,7 @@ def export_dtype(loaded, opts: ExportOptions) -> torch.dtype:
         floats = [t.dtype for t in loaded.drafter.state_dict().values() if t.is_floating_point()]
         return floats[0] if floats else torch.float32
     if opts.dtype not in DTYPES:
-        raise ValueError(f"--dtype {opts.dtype!r} is not one of {list(DTYPES)}")
+        raise UserError(f"--dtype {opts.dtype!r} is not one of {list(DTYPES)}")
     return DTYPES[opts.dtype]
 
 
@@ -213,7 +214,7 @@ def declared_dtype(target) -> str | None:
     engine serves it in. The loaded model's config says the dtype draftsmith loaded it in (float32 on CPU)."""
     import json
 
-    from draftsmith.target import resolve_path
+    from draftsmith.targets.load import resolve_path
 
     try:
         raw = json.loads((Path(resolve_path(str(target.path))).expanduser() / CONFIG_FILE).read_text())
@@ -245,7 +246,7 @@ def read_export(export_dir: Path) -> tuple[dict, dict, dict[str, torch.Tensor]]:
     for name in (CONFIG_FILE, SIDECAR_FILE, WEIGHTS_FILE):
         if not (export_dir / name).exists():
             raise FileNotFoundError(f"{export_dir / name} is missing: {export_dir} is not a complete draftsmith export")
-    from draftsmith.files import load_safetensors, read_json_object
+    from draftsmith.core.files import load_safetensors, read_json_object
 
     config = read_json_object(export_dir / CONFIG_FILE, "export's config.json")
     sidecar = read_json_object(export_dir / SIDECAR_FILE, "export's draftsmith.json")
@@ -267,7 +268,7 @@ def sha256_tensor(t: torch.Tensor) -> str:
 def target_rope(target_config) -> dict:
     """The rope the draft layer runs, as a flat transformers-5 `rope_parameters` dict (archs.draft_rope:
     the target's own, its full-attention entry when rope is per layer type, whole-head rotary)."""
-    from draftsmith.archs import draft_rope
+    from draftsmith.targets.archs import draft_rope
 
     return draft_rope(target_config)
 
@@ -326,14 +327,14 @@ def check_eagle3_aux_count(aux_ids: list[int], engine: str) -> None:
     config field sets the count), and SGLang's and TensorRT-LLM's EAGLE-3 drafts do the same: an
     export of another count would fail to load there (fc shape mismatch)."""
     if len(aux_ids) != EAGLE3_NUM_AUX:
-        raise ValueError(f"drafter.aux_layer_ids {list(aux_ids)}: {engine}'s EAGLE-3 draft reads exactly "
+        raise UserError(f"drafter.aux_layer_ids {list(aux_ids)}: {engine}'s EAGLE-3 draft reads exactly "
                          f"{EAGLE3_NUM_AUX} aux layers (it builds fc for 3 * target_hidden_size, no config field "
                          f"changes that); retrain with 3 ids, e.g. the default low/mid/high (drafter.aux_layer_ids=null)")
 
 
 def output_id_refusals(target_config, engine: str) -> list[str]:
     """SGLang / TensorRT-LLM name aux layers by layer OUTPUT: a shallow target's default ids include 0."""
-    from draftsmith.archs import default_aux_layer_ids, text_config
+    from draftsmith.targets.archs import default_aux_layer_ids, text_config
 
     layers = text_config(target_config).num_hidden_layers
     if min(default_aux_layer_ids(layers)) >= 1:
@@ -345,7 +346,7 @@ def output_id_refusals(target_config, engine: str) -> list[str]:
 def output_of_layer_ids(aux_ids: list[int], engine: str) -> list[int]:
     """draftsmith ids (input of layer i) -> SGLang / TRT-LLM ids (output of layer i - 1)."""
     if any(i < 1 for i in aux_ids):
-        raise ValueError(
+        raise UserError(
             f"aux layer ids {aux_ids} include 0 (the embedding output), which {engine} cannot capture: its ids "
             "name layer outputs. Retrain with drafter.aux_layer_ids >= 1 (e.g. the default [2, L//2, L-3])"
         )
@@ -354,7 +355,7 @@ def output_of_layer_ids(aux_ids: list[int], engine: str) -> list[int]:
 
 def sidecar(loaded, fmt: str, engine: str, opts: ExportOptions, extra: dict | None = None) -> dict:
     """draftsmith.json: what was exported, for which verifier, from which checkpoint."""
-    from draftsmith.archs import export_record
+    from draftsmith.targets.archs import export_record
 
     target = loaded.target
     out = {
@@ -376,15 +377,15 @@ def sidecar(loaded, fmt: str, engine: str, opts: ExportOptions, extra: dict | No
 def verifier_name(loaded, opts: ExportOptions) -> str:
     """What the engine should load as the verifier: --verifier, else the recipe's target path
     (an embedded builtin:NAME target becomes its directory, a GGUF target its .gguf file: engines load both)."""
-    from draftsmith.target import serving_path
+    from draftsmith.targets.load import serving_path
 
     return opts.verifier or serving_path(loaded.config.target)
 
 
 def num_tokens(loaded, opts: ExportOptions, default: int) -> int:
     """Draft tokens per round for the serving config: --num-speculative-tokens, else the drafter's
-    default; bounded by draftsmith.bounds (at most MAX_DRAFT_TOKENS, and inside the target's positions)."""
-    from draftsmith.bounds import check_draft_tokens
+    default; bounded by draftsmith.core.bounds (at most MAX_DRAFT_TOKENS, and inside the target's positions)."""
+    from draftsmith.core.bounds import check_draft_tokens
 
     if opts.num_speculative_tokens is not None:
         k, name = opts.num_speculative_tokens, "--num-speculative-tokens"
@@ -444,7 +445,7 @@ def eagle3_norm_fields(drafter, engine: str) -> dict:
     """EAGLE 3.1's config fields for an engine that reads fc_norm and norm_output (SGLang, TensorRT-LLM)
     but has no norm_before_residual: a drafter trained with it would run differently there, so refuse."""
     if drafter.cfg.norm_before_residual:
-        raise ValueError(
+        raise UserError(
             f"this EAGLE-3 drafter was trained with drafter.norm_before_residual=true, which {engine} cannot run "
             "(its draft layer always adds the raw hidden state as the residual): export it with --to vllm, "
             "or retrain with drafter.norm_before_residual=false for this engine")
@@ -466,7 +467,7 @@ def eagle3_weights(loaded, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The trained drafter's tensors in draftsmith (= SGLang) names, cast to the export dtype."""
     last = loaded.target.num_layers
     if last in loaded.drafter.aux_layer_ids:
-        raise ValueError(f"drafter.aux_layer_ids {loaded.drafter.aux_layer_ids} include {last}, the target's final "
+        raise UserError(f"drafter.aux_layer_ids {loaded.drafter.aux_layer_ids} include {last}, the target's final "
                          "post-norm hidden state, which no serving engine captures for a draft; retrain with ids "
                          f"in 0..{last - 1} to export")
     return cast_floats(loaded.drafter.state_dict_for_export(), dtype)
@@ -482,7 +483,7 @@ def eagle3_from_weights(weights: dict[str, torch.Tensor], loaded, source: str):
     drafter = Eagle3Drafter.from_target(options, loaded.target, None)
     missing, unexpected = drafter.load_state_dict(weights, strict=False)
     if missing or unexpected:
-        raise ValueError(f"{source}: re-import failed: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+        raise UserError(f"{source}: re-import failed: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
     return drafter.eval()
 
 
@@ -522,6 +523,6 @@ def refuse_window(drafter, engine: str) -> None:
     attend to the whole context) would run a windowed drafter differently than it was trained: refuse."""
     window = getattr(drafter.cfg, "sliding_window", None)
     if window is not None:
-        raise ValueError(f"this drafter was trained with drafter.sliding_window={window}, which {engine}'s EAGLE-3 draft "
+        raise UserError(f"this drafter was trained with drafter.sliding_window={window}, which {engine}'s EAGLE-3 draft "
                          "cannot express (it attends to the whole context): export it with --to vllm, or retrain with "
                          "drafter.sliding_window=null for this engine")

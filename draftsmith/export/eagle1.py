@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from draftsmith import config as config_mod
+from draftsmith.core.errors import UserError
 from draftsmith.export.common import (
     DTYPES,
     ExportFiles,
@@ -60,7 +61,7 @@ REQUIRED_KEYS = ["architectures", *LLAMA_KEYS, "attention_bias", "mlp_bias", "to
 
 def silu_refusals(target_config, engine: str) -> list[str]:
     """vLLM's and SGLang's LlamaMLP raise on any activation but SiLU; the draft layer copies the target's."""
-    from draftsmith.archs import text_config
+    from draftsmith.targets.archs import text_config
 
     act = getattr(text_config(target_config), "hidden_act", "silu")
     if act == "silu":
@@ -125,7 +126,7 @@ def eagle1_from_weights(weights: dict[str, torch.Tensor], loaded, source: str):
         weights["fc.bias"] = torch.zeros_like(drafter.fc.bias)
     missing, unexpected = drafter.load_state_dict(weights, strict=False)
     if missing or unexpected:
-        raise ValueError(f"{source}: re-import failed: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+        raise UserError(f"{source}: re-import failed: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
     return drafter.eval()
 
 
@@ -172,11 +173,11 @@ class VLLMEagle1Layout(Eagle1Common, VLLMLayout):
     def files(self, loaded, dtype, k, opts):
         problems = silu_refusals(loaded.target.config, "vLLM")
         if problems:
-            raise ValueError(f"export --to vllm: {problems[0]}; export a drafter of a SiLU target")
+            raise UserError(f"export --to vllm: {problems[0]}; export a drafter of a SiLU target")
         tensors = cast_floats(loaded.drafter.state_dict_for_export(), dtype)
         bias = tensors.pop("fc.bias", None)
         if bias is not None and bool(bias.ne(0).any()):
-            raise ValueError("export --to vllm: this EAGLE-1 drafter's fc has a trained bias, and vLLM's EAGLE-1 "
+            raise UserError("export --to vllm: this EAGLE-1 drafter's fc has a trained bias, and vLLM's EAGLE-1 "
                              "(model_executor/models/llama_eagle.py) builds fc without one, so it cannot load it; "
                              "retrain with drafter.fc_bias=false, or export --to sglang")
         return eagle1_config(loaded, dtype, VLLM_ARCH), tensors
@@ -195,7 +196,7 @@ class SGLangEagle1Layout(Eagle1Common, Layout):
     def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:
         problems = silu_refusals(loaded.target.config, "SGLang")
         if problems:
-            raise ValueError(f"export --to sglang: {problems[0]}; export a drafter of a SiLU target")
+            raise UserError(f"export --to sglang: {problems[0]}; export a drafter of a SiLU target")
         dtype = serving_dtype(loaded, opts)
         tensors = cast_floats(loaded.drafter.state_dict_for_export(), dtype)
         if "fc.bias" not in tensors:  # SGLang's fc has a bias: zeros compute what the bias-free fc computes

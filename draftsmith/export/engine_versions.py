@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from draftsmith.core.errors import UserError
+
 
 @dataclass(frozen=True)
 class Serving:
@@ -118,12 +120,12 @@ def resolve(fmt: str, version: str | None) -> str | None:
         return known[-1] if known else None
     if not known:
         covered = ", ".join(f"--to {e}" for e in ENGINE_NAMES)
-        raise ValueError(f"--engine-version applies to {covered}, not --to {fmt}; drop it")
+        raise UserError(f"--engine-version applies to {covered}, not --to {fmt}; drop it")
     wanted = version.strip().removeprefix("v")
     for v in known:
         if wanted in (v, v.removesuffix(".0")):
             return v
-    raise ValueError(f"--engine-version {version}: draftsmith has read {ENGINE_NAMES[fmt]}'s loaders of "
+    raise UserError(f"--engine-version {version}: draftsmith has read {ENGINE_NAMES[fmt]}'s loaders of "
                      f"{', '.join(known)} only; pass one of them (the newest is the default)")
 
 
@@ -153,7 +155,7 @@ def check(fmt: str, version: str | None, kind: str) -> None:
         fix = f"{engine} {others[-1]}{note} serves this export: pass --engine-version {others[-1]}"
     else:
         fix = f"no {engine} release draftsmith has read serves it: export another kind"
-    raise ValueError(f"--to {fmt} --engine-version {version}: {engine} {version} cannot serve a {kind} drafter "
+    raise UserError(f"--to {fmt} --engine-version {version}: {engine} {version} cannot serve a {kind} drafter "
                      f"(read from its {row.source}): {row.why}; {fix}")
 
 

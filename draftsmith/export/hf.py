@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.core.errors import UserError
 from draftsmith.export.common import (
     EXPORTERS,
     SIDECAR_FILE,
@@ -49,7 +50,7 @@ class _HFDraft:
     def drafter_state_dict(self, drafter, source) -> dict:
         """The weights under the draft LM drafter's names (it keeps the HF model as `model`), for train.init_from."""
         if getattr(drafter.cfg, "lora", None) is not None:
-            raise ValueError(f"train.init_from={source}: an hf export holds merged weights; warm start a LoRA draft LM "
+            raise UserError(f"train.init_from={source}: an hf export holds merged weights; warm start a LoRA draft LM "
                              "from its checkpoint directory instead")
         return {f"model.{k}": v for k, v in self.state_dict().items()}
 
@@ -102,7 +103,7 @@ class DraftLMLayout(Layout):
     def check_format(self, export_dir: Path, config: dict, tensors: dict, loaded) -> list[str]:
         from transformers import AutoTokenizer
 
-        from draftsmith.archs import carried_field_problems
+        from draftsmith.targets.archs import carried_field_problems
 
         limit = json.loads((export_dir / SIDECAR_FILE).read_text()).get("max_model_len")
         problems = check_positions(config["max_position_embeddings"], loaded.target.config.max_position_embeddings, limit)

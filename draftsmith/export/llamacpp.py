@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith import __version__
-from draftsmith.errors import UserError
+from draftsmith.core.errors import UserError
 from draftsmith.export.llamacpp_block import BLOCK_KINDS, block_drafts, block_refusal, check_block_k, write_block_dir
 
 FORMAT = "llama.cpp"
@@ -112,7 +112,7 @@ def refusal(loaded) -> str | None:
 
 def target_dir_of(loaded) -> Path:
     """The target's local HF directory (config.json + tokenizer): the converter reads it."""
-    from draftsmith.target import resolve_path
+    from draftsmith.targets.load import resolve_path
 
     path = Path(resolve_path(loaded.config.target.path))
     if not (path / "config.json").is_file():

@@ -156,7 +156,7 @@ def write_block_dir(loaded, out: Path) -> Path:
 
 def check_block_k(drafter, k: int) -> None:
     """llama.cpp decodes a block of k + 1 (DFlash, DFlash 2) / k (DSpark) tokens: only one whole trained block is exact."""
-    from draftsmith.errors import UserError
+    from draftsmith.core.errors import UserError
 
     most = block_drafts(drafter)
     if k != most:

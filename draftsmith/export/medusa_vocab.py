@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import torch
 
+from draftsmith.core.errors import UserError
+
 PER_HEAD_RELEASES = ("0.9.2",)  # vLLM releases whose per-head lm_heads are built over truncated_vocab_size
 PER_HEAD_WHY = ("vLLM 0.20.0 and 0.27.0 build each lm_heads.{i} over the full vocab_size "
                 "(model_executor/models/medusa.py:83-84) and their weight loader asserts a loaded head has "
@@ -42,7 +44,7 @@ def vocab_fields(drafter, release: str | None) -> dict:
     """config.json fields of a draft-vocabulary Medusa export for vLLM `release`; raises when it cannot load it."""
     shared = shares_one_head(drafter)
     if not shared and release not in PER_HEAD_RELEASES:
-        raise ValueError(f"export --to vllm --engine-version {release}: this Medusa drafter has "
+        raise UserError(f"export --to vllm --engine-version {release}: this Medusa drafter has "
                          f"drafter.draft_vocab_size={drafter.cfg.draft_vocab_size} and its own projection per head: "
                          f"{PER_HEAD_WHY}; pass --engine-version 0.9.2 (it builds them over truncated_vocab_size), "
                          "or retrain with drafter.freeze_lm_head=true (one shared head, original_lm_head)")

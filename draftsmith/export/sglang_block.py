@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.core.errors import UserError
 from draftsmith.export.common import (
     DTYPES,
     ExportFiles,
@@ -78,7 +79,7 @@ class SGLangBlockLayout(Layout):
     def check_k(self, drafter, k: int) -> None:
         most = speculative_tokens(drafter)
         if k != most:  # the serve command fixes --speculative-num-draft-tokens to one block
-            raise ValueError(f"--num-speculative-tokens {k}: SGLang's {self.algorithm} drafts one whole block "
+            raise UserError(f"--num-speculative-tokens {k}: SGLang's {self.algorithm} drafts one whole block "
                              f"({most} tokens for block_size {drafter.block_size}, trained bidirectionally at that "
                              f"length); pass --num-speculative-tokens {most} or retrain with another drafter.block_size")
 
@@ -86,7 +87,7 @@ class SGLangBlockLayout(Layout):
         d, target = loaded.drafter, loaded.target
         why = borrowed_head_problem(d, target)
         if why:
-            raise ValueError(f"--to sglang: {why}")
+            raise UserError(f"--to sglang: {why}")
         k = num_tokens(loaded, opts, speculative_tokens(d))
         self.check_k(d, k)
         dtype = serving_dtype(loaded, opts)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.core.sampling import SamplingParams
 from draftsmith.data import draft_vocab
 from draftsmith.export.common import (
     ExportOptions,
@@ -31,7 +32,6 @@ from draftsmith.export.common import (
     rope_scaling_of,
     target_rope,
 )
-from draftsmith.sampling import SamplingParams
 
 
 def validate_export(export_dir: Path, exporter, loaded, opts: ExportOptions, k: int) -> dict:
@@ -182,7 +182,7 @@ def check_verifier(side: dict, target) -> list[str]:
             problems.append(f"draftsmith.json: verifier.{key} is not recorded")
         elif recorded[key] != actual[key]:
             problems.append(f"draftsmith.json: verifier.{key} is {recorded[key]!r}, the target's is {actual[key]!r}")
-    from draftsmith.archs import export_record
+    from draftsmith.targets.archs import export_record
 
     arch = json.loads(json.dumps(export_record(target), default=str))  # as written to the file
     if side.get("target_architecture") != arch:

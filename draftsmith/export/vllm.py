@@ -37,6 +37,8 @@ from pathlib import Path
 import torch
 
 from draftsmith import config as config_mod
+from draftsmith.core.errors import UserError
+from draftsmith.core.files import read_json_object
 from draftsmith.export import engine_versions, medusa_vocab
 from draftsmith.export.common import (
     DTYPES,
@@ -66,7 +68,6 @@ from draftsmith.export.common import (
     window_problems,
 )
 from draftsmith.export.sglang import LLAMA_KEYS
-from draftsmith.files import read_json_object
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose loader this format is tested against
 ADAPTER_DIR = "adapter"  # Medusa-2: the peft adapter the verifier must be served merged with
@@ -106,7 +107,7 @@ class VLLMLayout(Layout):
         n = getattr(drafter.cfg, self.limit_option)
         if k > n:
             what = self.limit_option
-            raise ValueError(f"--num-speculative-tokens {k} exceeds the {drafter.kind} drafter's {what} = {n}: vLLM "
+            raise UserError(f"--num-speculative-tokens {k} exceeds the {drafter.kind} drafter's {what} = {n}: vLLM "
                              f"would build {k} heads and leave {k - n} of them uninitialised; pass "
                              f"--num-speculative-tokens <= {n} or retrain with more (drafter.{what})")
 
@@ -264,7 +265,7 @@ class MedusaLayout(VLLMLayout):
     def files(self, loaded, dtype, k, opts):
         d, target = loaded.drafter, loaded.target
         if d.cfg.next_token_head:
-            raise ValueError("export --to vllm: this Medusa drafter has drafter.next_token_head=true (head i predicts "
+            raise UserError("export --to vllm: this Medusa drafter has drafter.next_token_head=true (head i predicts "
                              "the token i+1 after the state, head 0 the target's own next token), while vLLM's head i "
                              "proposes the token i+2 after it; retrain with drafter.next_token_head=false")
         vocab = {"truncated_vocab_size": target.vocab_size, "original_lm_head": False}
@@ -401,7 +402,7 @@ def load_plain(tensors: dict[str, torch.Tensor], loaded, source: str, without_lo
     drafter = DRAFTERS.get(loaded.drafter.kind).from_target(options, loaded.target, None)  # upcasts on load
     missing, unexpected = drafter.load_state_dict(tensors, strict=False)
     if missing or unexpected:
-        raise ValueError(f"{source}: re-import failed: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+        raise UserError(f"{source}: re-import failed: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
     return drafter.eval()
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.core.errors import UserError
 from draftsmith.export.common import (
     DTYPES,
     TensorSpec,
@@ -91,12 +92,12 @@ class BlockLayout(VLLMLayout):
         most = speculative_tokens(drafter)
         if k < most:  # vLLM's block proposer runs K (+1 for the anchor slot) queries: a shorter block than trained
             slots = drafter.block_size - most + k
-            raise ValueError(f"--num-speculative-tokens {k} is below what one {drafter.kind} block drafts ({most}, "
+            raise UserError(f"--num-speculative-tokens {k} is below what one {drafter.kind} block drafts ({most}, "
                              f"block_size {drafter.block_size}): vLLM would run a {slots}-slot block through attention "
                              f"trained bidirectionally on {drafter.block_size} slots, which changes every draft; pass "
                              f"--num-speculative-tokens {most} or retrain with drafter.block_size={slots}")
         if k > most:
-            raise ValueError(f"--num-speculative-tokens {k} exceeds what one {drafter.kind} block drafts ({most} = "
+            raise UserError(f"--num-speculative-tokens {k} exceeds what one {drafter.kind} block drafts ({most} = "
                              f"block_size {drafter.block_size} - anchor); pass --num-speculative-tokens <= {most} or "
                              "retrain with a larger drafter.block_size")
 
@@ -220,7 +221,7 @@ def dspark_serve_fields(drafter, opts) -> dict:
     k, dv = opts.dspark_draft_topk, int(drafter.d2t.shape[0])
     if k is not None:
         if not 1 <= k <= dv:
-            raise ValueError(f"--dspark-draft-topk {k}: vLLM's config/speculative.py needs 1 <= k <= the draft "
+            raise UserError(f"--dspark-draft-topk {k}: vLLM's config/speculative.py needs 1 <= k <= the draft "
                              f"vocabulary ({dv}); pass a k in that range or leave it unset (the full Markov projection)")
         fields["dspark_draft_topk"] = k
     return fields
@@ -233,7 +234,7 @@ def check_dspark_options(fmt: str, kind: str, opts) -> None:
     for flag, given in (("--no-adaptive-verification", not opts.adaptive_verification),
                         ("--dspark-draft-topk", opts.dspark_draft_topk is not None)):
         if given:
-            raise ValueError(f"{flag} applies to --to vllm exports of dspark drafters (vLLM's DSpark speculative-config "
+            raise UserError(f"{flag} applies to --to vllm exports of dspark drafters (vLLM's DSpark speculative-config "
                              f"fields), not to --to {fmt} {kind}: drop the flag")
 
 
@@ -245,7 +246,7 @@ def dspark_options_for_release(fmt: str, kind: str, opts, version: str | None):
     if tuple(map(int, version.split("."))) >= tuple(map(int, DSPARK_SERVING_SINCE.split("."))):
         return opts
     if opts.dspark_draft_topk is not None:
-        raise ValueError(f"--dspark-draft-topk: vLLM {version}'s config/speculative.py has no dspark_draft_topk (it "
+        raise UserError(f"--dspark-draft-topk: vLLM {version}'s config/speculative.py has no dspark_draft_topk (it "
                          f"exists since {DSPARK_SERVING_SINCE}); drop the flag or pass --engine-version 0.33.0")
     return dataclasses.replace(opts, adaptive_verification=False)
 

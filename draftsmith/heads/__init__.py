@@ -2,6 +2,7 @@
 
 Importing this package imports every kind's module, which registers it. `refusals(config, kind)`
 says why a kind cannot serve a target (the kind's class answers; export.refusals adds the formats')."""
+from draftsmith.core.errors import UserError
 from draftsmith.heads import dflash, dflash2, draft_lm, dspark, eagle1, eagle3, medusa, mlp_speculator, peagle  # noqa: F401
 from draftsmith.heads.base import DRAFTERS
 
@@ -9,7 +10,7 @@ from draftsmith.heads.base import DRAFTERS
 def refusals(config, kind: str) -> list[str]:
     """Why drafter kind `kind` cannot serve a target of transformers `config`; [] when it can. Each reason
     names the unsupported feature and what to do instead."""
-    from draftsmith.archs import config_refusals
+    from draftsmith.targets.archs import config_refusals
 
     if kind not in DRAFTERS:
         return [f"drafter kind {kind!r} is unknown (known: {DRAFTERS.names()})"]
@@ -19,7 +20,7 @@ def refusals(config, kind: str) -> list[str]:
 def check_for_training(target, kind: str, options=None) -> None:
     """`draftsmith train`'s check before loading data: the refusals `draftsmith inspect` prints, as one error;
     then the drafter's options against this target (options: the kind's Config; aux layer ids in range)."""
-    from draftsmith import cache_check
+    from draftsmith.targets import cache_check
 
     reasons = refusals(target.config, kind)
     if not reasons:
@@ -27,7 +28,7 @@ def check_for_training(target, kind: str, options=None) -> None:
         if status == "failed":
             reasons = [detail]
     if reasons:
-        raise ValueError(f"drafter.kind {kind!r} cannot train for target {target.name} "
+        raise UserError(f"drafter.kind {kind!r} cannot train for target {target.name} "
                          f"({target.config.model_type}): " + "; ".join(reasons)
                          + f" (see `draftsmith inspect {target.path}`)")
     if options is not None:

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Optional, Protocol
 import torch
 from torch import nn
 
-from draftsmith.registry import Registry
+from draftsmith.core.registry import Registry
 
 # Every drafter kind, registered under its recipe name (`@DRAFTERS.register("eagle3")`); heads/__init__.py
 # imports each kind's module so that the registry is full once draftsmith.heads is imported.
@@ -72,7 +72,7 @@ class Proposer(Protocol):
         the states of several deferred rounds into one commit and keeps no logits)."""
 
     def propose(self, context: torch.Tensor, k: int, sampling, generator: torch.Generator | None) -> Draft:
-        """Propose k tokens following context. `sampling` is draftsmith.sampling.SamplingParams."""
+        """Propose k tokens following context. `sampling` is draftsmith.core.sampling.SamplingParams."""
 
 
 _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
@@ -152,7 +152,7 @@ class Drafter(nn.Module):
     def refusals(cls, config) -> list[str]:
         """Why this kind cannot serve a target of transformers `config` ([] when it can): the kind's own
         facts; `draftsmith.support.refusals` adds what every kind and each export layout refuses."""
-        from draftsmith.archs import draft_rope_refusals
+        from draftsmith.targets.archs import draft_rope_refusals
 
         return draft_rope_refusals(config) if cls.uses_draft_rope else []
 

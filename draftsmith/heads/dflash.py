@@ -39,8 +39,10 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
 
-from draftsmith import packing
-from draftsmith.bounds import MAX_DRAFT_TOKENS  # k per round: no engine verifies more
+from draftsmith.core.bounds import MAX_DRAFT_TOKENS  # k per round: no engine verifies more
+from draftsmith.core.errors import UserError
+from draftsmith.core.sampling import logits_to_probs, sample
+from draftsmith.data import packing
 from draftsmith.heads import dpace, vocab_loss
 from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.draft_layer import draft_layer_config, rotary
@@ -52,7 +54,6 @@ from draftsmith.heads.shared import (
     on_target_vocab,
     resolve_aux_layer_ids,
 )
-from draftsmith.sampling import logits_to_probs, sample
 
 
 # --------------------------------------------------------------------------- the block layer
@@ -162,11 +163,11 @@ class BlockDrafting:
     @classmethod
     def check_options(cls, cfg, target) -> None:
         if cfg.block_size < 2:
-            raise ValueError(f"drafter.block_size {cfg.block_size}: needs >= 2 (slot 0 is the anchor)")
+            raise UserError(f"drafter.block_size {cfg.block_size}: needs >= 2 (slot 0 is the anchor)")
         if cfg.num_layers < 1:
-            raise ValueError(f"drafter.num_layers {cfg.num_layers}: needs >= 1")
+            raise UserError(f"drafter.num_layers {cfg.num_layers}: needs >= 1")
         if cfg.num_anchors < 1:
-            raise ValueError(f"drafter.num_anchors {cfg.num_anchors}: needs >= 1")
+            raise UserError(f"drafter.num_anchors {cfg.num_anchors}: needs >= 1")
 
     @classmethod
     def resolve_mask_token(cls, cfg, target) -> int:
@@ -176,7 +177,7 @@ class BlockDrafting:
             mask = next((t for t in (getattr(tok, "pad_token_id", None), getattr(tok, "unk_token_id", None))
                          if t is not None), None)
         if mask is None or not 0 <= mask < target.vocab_size:
-            raise ValueError(f"drafter.mask_token_id {mask}: set it to a token id in 0..{target.vocab_size - 1} that "
+            raise UserError(f"drafter.mask_token_id {mask}: set it to a token id in 0..{target.vocab_size - 1} that "
                              "the data never needs predicted (the tokenizer has no pad or unk token to default to)")
         return int(mask)
 

@@ -44,9 +44,10 @@ from typing import Literal
 import torch
 from torch import nn
 
+from draftsmith.core.errors import UserError
+from draftsmith.core.sampling import sample
 from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.dflash import BlockConfig, BlockDrafting, BlockLayer, BlockProposer, slot_metrics
-from draftsmith.sampling import sample
 
 
 # --------------------------------------------------------------------------- 1. dynamic convolution
@@ -200,14 +201,14 @@ class DFlash2Drafter(BlockDrafting, Drafter):
     def check_options(cls, cfg, target) -> None:
         super().check_options(cfg, target)
         if target.hidden_size % cfg.conv_group_size:
-            raise ValueError(f"drafter.conv_group_size {cfg.conv_group_size}: must divide the target's hidden size "
+            raise UserError(f"drafter.conv_group_size {cfg.conv_group_size}: must divide the target's hidden size "
                              f"{target.hidden_size}; pick a divisor such as 16, 8 or 4")
         if not 1 <= cfg.conv_kernel_size <= cfg.block_size:
-            raise ValueError(f"drafter.conv_kernel_size {cfg.conv_kernel_size}: needs 1 <= taps <= block_size "
+            raise UserError(f"drafter.conv_kernel_size {cfg.conv_kernel_size}: needs 1 <= taps <= block_size "
                              f"{cfg.block_size}")
         dv = cfg.draft_vocab_size or target.vocab_size
         if cfg.selector_top_k > dv:
-            raise ValueError(f"drafter.selector_top_k {cfg.selector_top_k}: at most the draft vocabulary ({dv})")
+            raise UserError(f"drafter.selector_top_k {cfg.selector_top_k}: at most the draft vocabulary ({dv})")
 
     # ------------------------------------------------------------------ training
     def forward_loss(self, batch) -> StepOutput:

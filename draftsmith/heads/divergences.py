@@ -17,6 +17,8 @@ from typing import Union
 
 import torch
 
+from draftsmith.core.errors import UserError
+
 
 def forward_kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
     """FKL = KL(p || q) = sum_x p(x) (log p(x) - log q(x))  (DistillSpec Table 1, "FKL";
@@ -40,7 +42,7 @@ def jsd(logp: torch.Tensor, logq: torch.Tensor, beta: float = 0.5) -> torch.Tens
     Steps: 1. log m by logsumexp of the weighted log-probabilities (no underflow);
     2. the two KL terms against m; 3. their beta-weighted sum. beta must lie in (0, 1)."""
     if not 0.0 < beta < 1.0:
-        raise ValueError(f"jsd beta must lie strictly between 0 and 1, got {beta}")
+        raise UserError(f"jsd beta must lie strictly between 0 and 1, got {beta}")
     logm = torch.logaddexp(logp + math.log(beta), logq + math.log(1.0 - beta))  # 1. [..., V]
     kl_pm = (logp.exp() * (logp - logm)).sum(-1)  # 2. [..., V] -> [...]
     kl_qm = (logq.exp() * (logq - logm)).sum(-1)
@@ -69,15 +71,15 @@ def parse_weights(spec: Union[str, dict]) -> dict[str, float]:
     Raises ValueError naming the bad entry and the known names."""
     weights = {spec: 1.0} if isinstance(spec, str) else dict(spec or {})
     if not weights:
-        raise ValueError(f"divergence: give a name or a mix of {sorted(DIVERGENCES)}, got {spec!r}")
+        raise UserError(f"divergence: give a name or a mix of {sorted(DIVERGENCES)}, got {spec!r}")
     for name, w in weights.items():
         if name not in DIVERGENCES:
-            raise ValueError(f"divergence {name!r} is unknown; known: {sorted(DIVERGENCES)} (or a mix like "
+            raise UserError(f"divergence {name!r} is unknown; known: {sorted(DIVERGENCES)} (or a mix like "
                              "{'tv': 0.5, 'fkl': 0.5})")
         if isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0:
-            raise ValueError(f"divergence weight of {name!r} must be a number >= 0, got {w!r}")
+            raise UserError(f"divergence weight of {name!r} must be a number >= 0, got {w!r}")
     if sum(weights.values()) <= 0:
-        raise ValueError(f"divergence weights {weights} sum to 0: give at least one positive weight")
+        raise UserError(f"divergence weights {weights} sum to 0: give at least one positive weight")
     return {k: float(v) for k, v in weights.items()}
 
 

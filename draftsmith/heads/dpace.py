@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import torch
 
+from draftsmith.core.errors import UserError
+
 LOSSES = ("kl", "dpace")  # drafter.loss of the block drafters
 
 
@@ -37,7 +39,7 @@ def dpace_weights(confidence: torch.Tensor, mask: torch.Tensor, alpha: float) ->
     w [..., B], detached: w_j = mask_j * sum_{m >= j} mask_m * prod_{i <= m} s_i, with
     s_i = (1 - alpha) q_i + alpha on loss slots and 1 elsewhere."""
     if not 0.0 < alpha <= 1.0:
-        raise ValueError(f"drafter.dpace_alpha must lie in (0, 1], got {alpha}")
+        raise UserError(f"drafter.dpace_alpha must lie in (0, 1], got {alpha}")
     m = mask.to(torch.float32)
     smooth = torch.where(m > 0, (1.0 - alpha) * confidence.float() + alpha, torch.ones_like(m))
     prefix = torch.cumprod(smooth, dim=-1)  # [..., B]: prod_{i <= m} s_i

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from draftsmith import packing
+from draftsmith.core.errors import UserError
+from draftsmith.data import packing
 
 
 def draft_layer_config(target_config, num_heads=None, num_kv_heads=None, intermediate_size=None, head_dim=None,
@@ -28,14 +29,14 @@ def draft_layer_config(target_config, num_heads=None, num_kv_heads=None, interme
     query sees keys at most sliding_window - 1 positions back (None: full attention)."""
     from transformers import LlamaConfig
 
-    from draftsmith.archs import draft_rope
+    from draftsmith.targets.archs import draft_rope
 
     tc = target_config
     heads = num_heads or tc.num_attention_heads
     kv_heads = num_kv_heads or getattr(tc, "num_key_value_heads", None) or heads
     head_dim = head_dim or getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
     if tc.hidden_size % heads:  # transformers' LlamaConfig (and every engine config reader built on it) refuses it
-        raise ValueError(f"drafter.num_heads {heads}: the target's hidden size {tc.hidden_size} must be a multiple of the "
+        raise UserError(f"drafter.num_heads {heads}: the target's hidden size {tc.hidden_size} must be a multiple of the "
                          "draft layer's head count (transformers' LlamaConfig checks it, so no engine could load the "
                          "export); widen the heads with drafter.head_dim instead")
     rope = draft_rope(tc)  # the target's rope schedule (full-attention layers'), whole-head rotary
@@ -197,7 +198,7 @@ def ttt_attention(q, kv: list, documents, scale: float, impl: str = "auto", chun
     impl: "eager" (today's reference: the full [b, H, n, n + t] fp32 scores, kept for backward),
     "chunked" (query blocks of `chunk`, each recomputed in backward: peak O(chunk * n) scores),
     "flex" (flex_attention with a block mask over [k_0; ...; k_t]; fused when compiled, on GPU),
-    "auto" (flex on CUDA, chunked elsewhere). All equal in fp32 (tests/unit/test_ttt_attention.py).
+    "auto" (flex on CUDA, chunked elsewhere). All equal in fp32 (tests/heads/test_ttt_attention.py).
     """
     prefix_window = None
     if window is not None:
@@ -212,7 +213,7 @@ def ttt_attention(q, kv: list, documents, scale: float, impl: str = "auto", chun
         return _ttt_chunked(q, kv, documents, scale, chunk, prefix_window)
     if impl == "flex":
         return _ttt_flex(q, kv, documents, scale, prefix_window)
-    raise ValueError(f"TTT attention {impl!r} is not one of {TTT_IMPLS}")
+    raise UserError(f"TTT attention {impl!r} is not one of {TTT_IMPLS}")
 
 
 def _expand(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -295,7 +296,7 @@ def _ttt_flex(q, kv, documents, scale, prefix_window=None):
 
     b, _, n, _ = q.shape
     if not q.is_cuda and torch.is_grad_enabled() and q.requires_grad:
-        raise ValueError("TTT attention 'flex' has no CPU backward in torch; train on CPU with "
+        raise UserError("TTT attention 'flex' has no CPU backward in torch; train on CPU with "
                          "train.ttt_attention=chunked (or auto)")
     keys = torch.cat([k[:, :, :n] for k, _ in kv], dim=2)  # (t+1) x [b, KV, n, d] -> [b, KV, (t+1) n, d]
     values = torch.cat([v[:, :, :n] for _, v in kv], dim=2)
@@ -371,7 +372,7 @@ def configure(module: nn.Module, ttt_attention: str = "auto", gradient_checkpoin
     train.ttt_attention / train.gradient_checkpointing; kinds without a draft layer are untouched).
     Returns the number of draft layers configured."""
     if ttt_attention not in TTT_IMPLS:
-        raise ValueError(f"train.ttt_attention {ttt_attention!r} is not one of {TTT_IMPLS}")
+        raise UserError(f"train.ttt_attention {ttt_attention!r} is not one of {TTT_IMPLS}")
     count = 0
     for m in module.modules():
         if isinstance(m, DraftDecoderLayer):

@@ -28,12 +28,13 @@ from typing import Any, Literal, Optional, Union
 
 import torch
 
-from draftsmith import packing
+from draftsmith.core.errors import UserError
+from draftsmith.core.sampling import SamplingParams, logits_to_probs, sample
+from draftsmith.data import packing
 from draftsmith.heads import divergences
 from draftsmith.heads.base import DRAFTERS, Draft, Drafter, FedNodes, LoraOptions, StepOutput, range_problems
 from draftsmith.heads.shared import Frozen
-from draftsmith.sampling import SamplingParams, logits_to_probs, sample
-from draftsmith.target import Target
+from draftsmith.targets.load import Target
 
 LLAMA_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -89,18 +90,18 @@ class DraftLMDrafter(Drafter):
         def __post_init__(self):
             divergences.parse_weights(self.divergence)
             if self.init == "pretrained" and not self.path:
-                raise ValueError("drafter.path: required with init: pretrained (a local dir or HF id)")
+                raise UserError("drafter.path: required with init: pretrained (a local dir or HF id)")
             if self.init == "config" and not self.model_config:
-                raise ValueError("drafter.model_config: required with init: config (a dict of LlamaConfig sizes)")
+                raise UserError("drafter.model_config: required with init: config (a dict of LlamaConfig sizes)")
             if isinstance(self.lora, dict):  # Config(lora={...}) from Python; recipes arrive already typed
                 known = [f.name for f in dataclasses.fields(LoraOptions)]
                 unknown = sorted(set(self.lora) - set(known))
                 if unknown:
-                    raise ValueError(f"drafter.lora: unknown key(s) {unknown}; known: {known}")
+                    raise UserError(f"drafter.lora: unknown key(s) {unknown}; known: {known}")
                 self.lora = LoraOptions(**self.lora)
             if self.lora is not None:
                 if self.init == "config":
-                    raise ValueError("drafter.lora with init: config would adapt a random frozen base; "
+                    raise UserError("drafter.lora with init: config would adapt a random frozen base; "
                                      "use full fine-tuning (lora: null) or init: pretrained / shrink")
 
     def __init__(self, cfg: "DraftLMDrafter.Config", model, target):
@@ -166,7 +167,7 @@ class DraftLMDrafter(Drafter):
         on = torch.zeros(b, dtype=torch.bool)
         row_keys = ("input_ids", "attention_mask", "loss_mask", *(k for k in packing.PACKED_KEYS if k in batch))
         if self.training and self.cfg.on_policy_fraction > 0 and "document_ids" in batch:
-            raise ValueError("drafter.on_policy_fraction > 0 samples one answer per row and cannot run on packed rows; "
+            raise UserError("drafter.on_policy_fraction > 0 samples one answer per row and cannot run on packed rows; "
                              "set data.pack_length to null (no packing) or on_policy_fraction to 0")
         if self.training and self.cfg.on_policy_fraction > 0:  # 1.
             on = torch.rand(b) < self.cfg.on_policy_fraction
@@ -292,7 +293,7 @@ class DraftLMDrafter(Drafter):
         """The peft LoRA adapter (adapter_config.json, adapter_model.safetensors); reload it with
         peft.PeftModel.from_pretrained(base_model, out_dir) on the same base (same init)."""
         if self.cfg.lora is None:
-            raise ValueError("save_adapter: this drafter was trained without LoRA (drafter.lora is null)")
+            raise UserError("save_adapter: this drafter was trained without LoRA (drafter.lora is null)")
         self.model.save_pretrained(str(out_dir))
         return Path(out_dir)
 
@@ -314,7 +315,7 @@ def build_model(cfg, target):
     """Config.init -> an HF causal LM (not yet on the target's device)."""
     if cfg.init == "shrink":
         if cfg.shrink_layers > target.num_layers:
-            raise ValueError(f"drafter.shrink_layers {cfg.shrink_layers} exceeds the target's {target.num_layers} layers")
+            raise UserError(f"drafter.shrink_layers {cfg.shrink_layers} exceeds the target's {target.num_layers} layers")
         return layer_truncated_copy(target.model, cfg.shrink_layers)
     if cfg.init == "config":
         from transformers import LlamaConfig, LlamaForCausalLM
@@ -326,7 +327,7 @@ def build_model(cfg, target):
         try:
             llama = LlamaConfig(**sizes)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"drafter.model_config {cfg.model_config}: not a valid LlamaConfig ({exc})") from exc
+            raise UserError(f"drafter.model_config {cfg.model_config}: not a valid LlamaConfig ({exc})") from exc
         return LlamaForCausalLM(llama)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -340,7 +341,7 @@ def check_tokenizer(target, tokenizer, where: str) -> None:
     mine, theirs = tokenizer.get_vocab(), target.tokenizer.get_vocab()
     if mine != theirs:
         differ = sorted(set(mine.items()) ^ set(theirs.items()), key=str)[:5]
-        raise ValueError(f"drafter.path {where}: its tokenizer differs from target {target.name}'s ({len(mine)} vs "
+        raise UserError(f"drafter.path {where}: its tokenizer differs from target {target.name}'s ({len(mine)} vs "
                          f"{len(theirs)} tokens; e.g. {differ}); a draft LM must share the target's tokenizer")
 
 
@@ -350,7 +351,7 @@ def check_vocab(target, model) -> None:
     n_tokens = len(target.tokenizer)
     rows = min(model.get_input_embeddings().weight.shape[0], model.get_output_embeddings().weight.shape[0])
     if rows < n_tokens:
-        raise ValueError(f"draft model vocabulary ({rows} rows) is smaller than target {target.name}'s tokenizer "
+        raise UserError(f"draft model vocabulary ({rows} rows) is smaller than target {target.name}'s tokenizer "
                          f"({n_tokens} tokens); set drafter.model_config.vocab_size or pick a draft with the same tokenizer")
 
 
@@ -398,7 +399,7 @@ class DraftModelProposer:
         return next(self.model.parameters()).device
 
     def begin(self, prompt_ids: torch.Tensor) -> None:
-        from draftsmith.archs import new_cache
+        from draftsmith.targets.archs import new_cache
 
         self.cache = new_cache(self.model.config)  # rollback works on sliding-window layers
         self._cached = torch.empty(0, dtype=torch.long, device=self.device)
@@ -464,7 +465,7 @@ def layer_truncated_copy(model, num_layers: int):
     import copy
 
     if not 1 <= num_layers <= model.config.num_hidden_layers:
-        raise ValueError(f"num_layers must be in 1..{model.config.num_hidden_layers}, got {num_layers}")
+        raise UserError(f"num_layers must be in 1..{model.config.num_hidden_layers}, got {num_layers}")
     draft = copy.deepcopy(model)
     draft.model.layers = draft.model.layers[:num_layers]
     draft.config.num_hidden_layers = num_layers
@@ -475,5 +476,5 @@ def layer_truncated_copy(model, num_layers: int):
 
 def check_same_tokenizer(target: Target, draft: Target) -> None:
     if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
-        raise ValueError(f"draft model {draft.name!r} does not share the tokenizer of target {target.name!r}; "
+        raise UserError(f"draft model {draft.name!r} does not share the tokenizer of target {target.name!r}; "
                          "a draft LM must use the target's tokenizer (same ids for the same tokens)")

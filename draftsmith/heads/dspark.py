@@ -26,9 +26,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from draftsmith.core.errors import UserError
+from draftsmith.core.sampling import sample
 from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.dflash import BlockConfig, BlockDrafting, BlockProposer, slot_metrics
-from draftsmith.sampling import sample
 
 
 class MarkovHead(nn.Module):
@@ -92,18 +93,18 @@ class DSparkDrafter(BlockDrafting, Drafter):
         self.build_modules(cfg, layer_config, aux_layer_ids, draft_vocab_size, target_vocab_size, embed_tokens,
                            mask_token_id)
         if cfg.markov_rank < 1:
-            raise ValueError(f"drafter.markov_rank {cfg.markov_rank}: needs >= 1 (0 is plain DFlash: use kind dflash)")
+            raise UserError(f"drafter.markov_rank {cfg.markov_rank}: needs >= 1 (0 is plain DFlash: use kind dflash)")
         self.markov_head = MarkovHead(target_vocab_size, draft_vocab_size, cfg.markov_rank, cfg.markov_zero_init)
         self.confidence_head = ConfidenceHead(layer_config.hidden_size + cfg.markov_rank)
 
     @classmethod
     def check_options(cls, cfg, target) -> None:
         if cfg.block_size < 1:
-            raise ValueError(f"drafter.block_size {cfg.block_size}: needs >= 1")
+            raise UserError(f"drafter.block_size {cfg.block_size}: needs >= 1")
         if cfg.num_layers < 1 or cfg.num_anchors < 1:
-            raise ValueError(f"drafter.num_layers {cfg.num_layers} / num_anchors {cfg.num_anchors}: need >= 1")
+            raise UserError(f"drafter.num_layers {cfg.num_layers} / num_anchors {cfg.num_anchors}: need >= 1")
         if not 0.0 <= cfg.confidence_threshold < 1.0:
-            raise ValueError(f"drafter.confidence_threshold {cfg.confidence_threshold}: needs 0 <= t < 1")
+            raise UserError(f"drafter.confidence_threshold {cfg.confidence_threshold}: needs 0 <= t < 1")
 
     # ------------------------------------------------------------------ heads
     def heads(self, hidden: torch.Tensor, prev: torch.Tensor):

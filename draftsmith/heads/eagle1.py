@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from draftsmith import packing
+from draftsmith.data import packing
 from draftsmith.heads.base import DRAFTERS, Drafter, StepOutput, range_problems
 from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, rotary
 from draftsmith.heads.proposing import FeatureChainProposer

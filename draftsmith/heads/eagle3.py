@@ -27,8 +27,9 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from draftsmith import packing
-from draftsmith.bounds import MAX_DRAFT_TOKENS  # k per round: no engine verifies more
+from draftsmith.core.bounds import MAX_DRAFT_TOKENS  # k per round: no engine verifies more
+from draftsmith.core.sampling import logits_to_probs
+from draftsmith.data import packing
 from draftsmith.heads import vocab_loss
 from draftsmith.heads.base import DRAFTERS, Drafter, StepOutput, range_problems
 from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, layer_shape_problems, rotary
@@ -42,7 +43,6 @@ from draftsmith.heads.shared import (
     on_target_vocab,
     resolve_aux_layer_ids,
 )
-from draftsmith.sampling import logits_to_probs
 
 
 def init_std_for(fan_in: int, init_std: float, fan_in_cap: bool) -> float:
@@ -114,7 +114,7 @@ class Eagle3Drafter(Drafter):
         feature_noise: float = 0.0
         # Positions per chunk of the training loss: each chunk's [chunk, dv] fp32 draft logits are
         # recomputed in backward instead of kept for every TTT step (heads/vocab_loss.py; the same loss,
-        # tests/unit/test_vocab_loss.py). null computes each step's logits whole and keeps them.
+        # tests/heads/test_vocab_loss.py). null computes each step's logits whole and keeps them.
         loss_chunk: Optional[int] = 1024
 
         def problems(self) -> list[str]:

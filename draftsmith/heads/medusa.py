@@ -44,12 +44,13 @@ from typing import Literal, Optional
 import torch
 from torch import nn
 
-from draftsmith import packing
-from draftsmith.bounds import MAX_DRAFT_TOKENS  # k per round: no engine verifies more
+from draftsmith.core.bounds import MAX_DRAFT_TOKENS  # k per round: no engine verifies more
+from draftsmith.core.errors import UserError
+from draftsmith.core.sampling import logits_to_probs
+from draftsmith.data import packing
 from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.proposing import LastStateProposer, draw
 from draftsmith.heads.shared import Frozen, draft_ids_of, draft_index_of, draft_vocabulary, on_target_vocab
-from draftsmith.sampling import logits_to_probs
 
 
 class ResidualBlock(nn.Module):
@@ -149,22 +150,22 @@ class MedusaDrafter(Drafter):
     def __init__(self, cfg: "MedusaDrafter.Config", hidden_size: int, vocab_size: int):
         super().__init__()
         if cfg.num_heads < 1 or cfg.num_layers < 0:
-            raise ValueError(f"drafter.num_heads ({cfg.num_heads}) must be >= 1 and drafter.num_layers "
+            raise UserError(f"drafter.num_heads ({cfg.num_heads}) must be >= 1 and drafter.num_layers "
                              f"({cfg.num_layers}) >= 0")
         if cfg.head_weights is not None and len(cfg.head_weights) != cfg.num_heads:
-            raise ValueError(f"drafter.head_weights has {len(cfg.head_weights)} entries; give one per head "
+            raise UserError(f"drafter.head_weights has {len(cfg.head_weights)} entries; give one per head "
                              f"(drafter.num_heads = {cfg.num_heads})")
         if cfg.next_token_head and cfg.num_heads < 2:
-            raise ValueError("drafter.next_token_head=true needs drafter.num_heads >= 2 (head 0 proposes nothing)")
+            raise UserError("drafter.next_token_head=true needs drafter.num_heads >= 2 (head 0 proposes nothing)")
         if not 0.0 <= cfg.hard_label_weight <= 1.0:
-            raise ValueError(f"drafter.hard_label_weight must lie in [0, 1], got {cfg.hard_label_weight}")
+            raise UserError(f"drafter.hard_label_weight must lie in [0, 1], got {cfg.hard_label_weight}")
         if cfg.greedy_chain_labels and (cfg.loss == "ce_data" or cfg.lora):
-            raise ValueError("drafter.greedy_chain_labels=true takes its labels from the target's greedy continuation: "
+            raise UserError("drafter.greedy_chain_labels=true takes its labels from the target's greedy continuation: "
                              "it cannot be combined with loss=ce_data or lora")
         if cfg.block_init_std <= 0:
-            raise ValueError(f"drafter.block_init_std must be > 0, got {cfg.block_init_std}")
+            raise UserError(f"drafter.block_init_std must be > 0, got {cfg.block_init_std}")
         if cfg.freeze_lm_head and not cfg.init_lm_head_from_target:
-            raise ValueError("drafter.freeze_lm_head needs drafter.init_lm_head_from_target=true "
+            raise UserError("drafter.freeze_lm_head needs drafter.init_lm_head_from_target=true "
                              "(a frozen random projection learns nothing)")
         self.cfg = cfg
         self.blocks = nn.ModuleList([ResidualBlock(hidden_size, cfg.num_layers) for _ in range(cfg.num_heads)])
@@ -215,7 +216,7 @@ class MedusaDrafter(Drafter):
         model.eval()  # the backbone has no dropout to train; LoRA dropout follows this flag
         trainable = {name.replace(".", "__"): p for name, p in model.named_parameters() if p.requires_grad}
         if not trainable:
-            raise ValueError(f"drafter.lora_target_modules {c.lora_target_modules} matched no module of the target")
+            raise UserError(f"drafter.lora_target_modules {c.lora_target_modules} matched no module of the target")
         self.lora = nn.ParameterDict(trainable)
         self.adapted = Frozen(model)
 
@@ -238,7 +239,7 @@ class MedusaDrafter(Drafter):
     def save_adapter(self, path) -> None:
         """Write the Medusa-2 LoRA adapter as a standard peft adapter directory."""
         if not self.adapted:
-            raise ValueError("save_adapter: this Medusa drafter has no LoRA adapter (set drafter.lora=true)")
+            raise UserError("save_adapter: this Medusa drafter has no LoRA adapter (set drafter.lora=true)")
         self.adapted[0].save_pretrained(str(path))
 
     def head_weights(self) -> list[float]:
@@ -396,7 +397,7 @@ class MedusaProposer(LastStateProposer):
     def propose(self, context: torch.Tensor, k: int, sampling, generator=None) -> Draft:
         n = self.drafter.proposing_heads
         if k > n:
-            raise ValueError(f"Medusa proposes at most one token per head: k={k} > num_heads={n}"
+            raise UserError(f"Medusa proposes at most one token per head: k={k} > num_heads={n}"
                              f"{' (head 0 predicts the next token)' if self.drafter.cfg.next_token_head else ''}; "
                              f"lower k (eval --k) to <= {n} or train more heads (drafter.num_heads)")
         self.state("propose")

@@ -28,10 +28,11 @@ from typing import Literal, Optional
 import torch
 from torch import nn
 
-from draftsmith import packing
+from draftsmith.core.errors import UserError
+from draftsmith.core.sampling import logits_to_probs
+from draftsmith.data import packing
 from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.proposing import LastStateProposer, draw
-from draftsmith.sampling import logits_to_probs
 
 
 class SpeculatorNorm(nn.Module):
@@ -84,7 +85,7 @@ class MLPSpeculatorDrafter(Drafter):
         super().__init__()
         n, d = cfg.n_predict, cfg.inner_dim or hidden_size
         if n < 1 or (cfg.tie_weights and n < 2):
-            raise ValueError(f"drafter.n_predict={n}: needs >= 1 stage (>= 2 with drafter.tie_weights)")
+            raise UserError(f"drafter.n_predict={n}: needs >= 1 stage (>= 2 with drafter.tie_weights)")
         self.cfg, self.inner_dim = cfg, d
         stored = 1 if cfg.tie_weights else n
         self.emb = nn.ModuleList([nn.Embedding(vocab_size, d) for _ in range(stored)])
@@ -185,7 +186,7 @@ class MLPSpeculatorProposer(LastStateProposer):
     def propose(self, context: torch.Tensor, k: int, sampling, generator=None) -> Draft:
         d = self.drafter
         if k > d.cfg.n_predict:
-            raise ValueError(f"the MLP speculator has {d.cfg.n_predict} stages: k={k} is too many; lower k "
+            raise UserError(f"the MLP speculator has {d.cfg.n_predict} stages: k={k} is too many; lower k "
                              f"(eval --k) to <= {d.cfg.n_predict} or train more stages (drafter.n_predict)")
         state = d.input_state(self.state("propose"))
         token = context[-1:].view(1, 1).to(state.device)

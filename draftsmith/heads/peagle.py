@@ -27,7 +27,9 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from draftsmith.bounds import MAX_DRAFT_TOKENS  # k per round: no engine verifies more
+from draftsmith.core.bounds import MAX_DRAFT_TOKENS  # k per round: no engine verifies more
+from draftsmith.core.errors import UserError
+from draftsmith.core.sampling import logits_to_probs, sample
 from draftsmith.heads import vocab_loss
 from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
 from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, rotary
@@ -38,7 +40,6 @@ from draftsmith.heads.shared import (
     on_target_vocab,
     resolve_aux_layer_ids,
 )
-from draftsmith.sampling import logits_to_probs, sample
 
 
 @DRAFTERS.register("peagle")
@@ -108,9 +109,9 @@ class PEagleDrafter(Drafter):
         from draftsmith.heads.dflash import DFlashDrafter
 
         if cfg.num_depths < 1:
-            raise ValueError(f"drafter.num_depths {cfg.num_depths}: needs >= 1")
+            raise UserError(f"drafter.num_depths {cfg.num_depths}: needs >= 1")
         if not 0 < cfg.down_sample_ratio_min <= cfg.down_sample_ratio <= 1:
-            raise ValueError(f"drafter.down_sample_ratio {cfg.down_sample_ratio} / down_sample_ratio_min "
+            raise UserError(f"drafter.down_sample_ratio {cfg.down_sample_ratio} / down_sample_ratio_min "
                              f"{cfg.down_sample_ratio_min}: need 0 < min <= ratio <= 1")
         aux = cls.feature_layers_for(cfg, target)
         layer_cfg = draft_layer_config(target.config, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size,

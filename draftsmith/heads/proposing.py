@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from draftsmith.core.sampling import logits_to_probs, sample
 from draftsmith.heads.base import Draft, FedNodes
 from draftsmith.heads.draft_layer import KVCache
-from draftsmith.sampling import logits_to_probs, sample
 
 
 def draw(q: torch.Tensor, sampling, generator) -> torch.Tensor:

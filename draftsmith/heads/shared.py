@@ -14,7 +14,8 @@ from typing import Generic, Optional, TypeVar
 
 import torch
 
-from draftsmith.archs import default_aux_layer_ids
+from draftsmith.core.errors import UserError
+from draftsmith.targets.archs import default_aux_layer_ids
 
 M = TypeVar("M")
 WHERE = "drafter.aux_layer_ids"
@@ -47,11 +48,11 @@ def resolve_aux_layer_ids(ids: Optional[list[int]], num_layers: int, where: str 
         return default_aux_layer_ids(num_layers)
     problems = aux_layer_problems(ids, where)
     if problems:
-        raise ValueError(problems[0])
+        raise UserError(problems[0])
     top = num_layers + 1 if saved_before_the_rule else num_layers
     bad = [i for i in ids if not 0 <= i < top]
     if bad:
-        raise ValueError(f"{where} {list(ids)}: ids must lie in 0..{num_layers - 1} for this {num_layers}-layer target "
+        raise UserError(f"{where} {list(ids)}: ids must lie in 0..{num_layers - 1} for this {num_layers}-layer target "
                          f"(id i is the input of decoder layer i; {num_layers} would be the final, post-norm state, "
                          "which no engine captures); drop or lower " + ", ".join(map(str, bad)))
     return list(ids)
@@ -65,7 +66,7 @@ def draft_vocabulary(draft_vocab_size: Optional[int], vocab_size: int,
 
     dv = draft_vocab_size or vocab_size
     if dv > vocab_size:
-        raise ValueError(f"drafter.draft_vocab_size {dv} exceeds the target vocabulary ({vocab_size}); "
+        raise UserError(f"drafter.draft_vocab_size {dv} exceeds the target vocabulary ({vocab_size}); "
                          f"use at most {vocab_size} or null")
     counts = token_counts if token_counts is not None else torch.zeros(vocab_size, dtype=torch.long)
     return draft_vocab.build(counts, dv)

@@ -10,7 +10,7 @@ Here:
      state and lm_head rows, so the full-vocabulary logits never exist at all);
   2. the KL of one TTT step runs over sequence chunks, each chunk's draft logits recomputed in
      backward (activation checkpointing), so only one chunk of [chunk, dv] fp32 logits is alive.
-Both equal the straightforward computation (tests/unit/test_vocab_loss.py).
+Both equal the straightforward computation (tests/heads/test_vocab_loss.py).
 
     p, top = soft_labels(batch["target_logits"], draft_ids)           # [b, s, dv] fp32, [b, s]
     kl_sum, hits = chunked_kl(hidden, lambda h: lm_head(norm(h)), p_t, mask_t, draft_ids, top_t)

@@ -1,5 +1,5 @@
 """The terminal lines of a train-to-serve parity section (the `engine` key of a workload in the
-results JSON, written by `draftsmith eval CKPT --engine llama.cpp`, draftsmith/cli_engine.py)."""
+results JSON, written by `draftsmith eval CKPT --engine llama.cpp`, draftsmith/commands/eval_engine.py)."""
 from __future__ import annotations
 
 

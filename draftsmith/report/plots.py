@@ -12,6 +12,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from draftsmith.core.errors import UserError
 from draftsmith.report.leaderboard import ModelTable, Row
 
 DPI = 100
@@ -159,12 +160,12 @@ def read_training_log(path: Path) -> list[dict]:
     """metrics.jsonl of the training loop: one JSON object per logged step ("step", "loss", "acc_0"..)."""
     size = Path(path).stat().st_size
     if size > MAX_TRAINING_LOG_BYTES:  # bounded: a result may name any file (a sparse 50 GB one, say)
-        raise ValueError(f"{path}: {size:,} bytes is more than a training log may hold "
+        raise UserError(f"{path}: {size:,} bytes is more than a training log may hold "
                          f"({MAX_TRAINING_LOG_BYTES:,}); plot a shorter metrics.jsonl")
     with open(path, "rb") as f:
         data = f.read(MAX_TRAINING_LOG_BYTES + 1)  # the file may grow after stat
     if len(data) > MAX_TRAINING_LOG_BYTES:
-        raise ValueError(f"{path}: more than {MAX_TRAINING_LOG_BYTES:,} bytes; plot a shorter metrics.jsonl")
+        raise UserError(f"{path}: more than {MAX_TRAINING_LOG_BYTES:,} bytes; plot a shorter metrics.jsonl")
     records = []
     for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
         if not line.strip():
@@ -172,12 +173,12 @@ def read_training_log(path: Path) -> list[dict]:
         try:
             rec = json.loads(line)
         except (json.JSONDecodeError, RecursionError) as err:
-            raise ValueError(f"{path}:{n}: not a JSON object ({' '.join(str(err).split())[:80]})") from None
+            raise UserError(f"{path}:{n}: not a JSON object ({' '.join(str(err).split())[:80]})") from None
         if not isinstance(rec, dict) or "step" not in rec:
-            raise ValueError(f"{path}:{n}: each line needs a JSON object with a 'step' key")
+            raise UserError(f"{path}:{n}: each line needs a JSON object with a 'step' key")
         records.append(rec)
     if not records:
-        raise ValueError(f"{path}: no logged steps")
+        raise UserError(f"{path}: no logged steps")
     return records
 
 

@@ -19,16 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from draftsmith.core.errors import UserError
+
 SCHEMA_NAME = "draftsmith.eval-results"
 SUPPORTED_SCHEMA_VERSIONS = (1,)
 SUPPORTED_DEFINITIONS = ("draftsmith-v1",)
 
 
-class MalformedResultError(ValueError):
+class MalformedResultError(UserError):
     """One result file does not follow docs/results-schema.md."""
 
 
-class IncompatibleResultsError(ValueError):
+class IncompatibleResultsError(UserError):
     """Result files use different (or unknown) definitions or schema versions."""
 
 

@@ -33,6 +33,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, TypeVar
 
+from draftsmith.core.errors import UserError
+
 # `draftsmith profile`'s speedup profile (eval/profile.py: the same model over batch size and context),
 # written beside the checkpoint and copied into exports (export/api.py) and leaderboards.
 PROFILE_FILE = "speedup_profile.json"
@@ -90,7 +92,7 @@ def expected_tau(acceptance: list[float], k: int) -> tuple[float, bool]:
     3. E[tau] = 1 (the correction / bonus token) + sum of survivals.
     """
     if k > 0 and not acceptance:
-        raise ValueError("expected_tau needs at least one measured per-position acceptance for k > 0")
+        raise UserError("expected_tau needs at least one measured per-position acceptance for k > 0")
     tau, survival = 1.0, 1.0
     for i in range(k):
         a_i = acceptance[i] if i < len(acceptance) else acceptance[-1]  # 1. extrapolate
@@ -142,7 +144,7 @@ def costs_from_aggregate(aggregate: dict[str, Any], k: int, where: str = "result
         try:
             by_width = {int(w): float(s) for w, s in c["verify_forward_s_by_width"].items()}
         except (TypeError, ValueError) as err:
-            raise ValueError(f"{where}: costs.verify_forward_s_by_width must map width -> seconds ({err})") from err
+            raise UserError(f"{where}: costs.verify_forward_s_by_width must map width -> seconds ({err})") from err
     overhead, source = 0.0, "none"
     split = aggregate.get("time_split") or {}
     per_round = (aggregate.get("time_per_round_s") or {}).get("overhead")

@@ -15,7 +15,8 @@ import torch
 
 from draftsmith import config as config_mod
 from draftsmith.checkpoint import LoadedDrafter, check_vocab_map, fit_state, load_weights, save
-from draftsmith.files import read_json_object
+from draftsmith.core.errors import UserError
+from draftsmith.core.files import read_json_object
 
 STEP_PREFIX = "step_"
 
@@ -152,7 +153,7 @@ def load_trainer_state(path: Path) -> dict:
         return torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(
+        raise UserError(
             f"{file} holds objects other than tensors and plain data, which could run code when loaded "
             f"({first}); refused. Resume only from checkpoints written by this draftsmith, or warm start "
             "from the weights alone with train.init_from (safetensors)") from None
@@ -178,14 +179,14 @@ def load_init_weights(path: str | Path, drafter, target) -> None:
     try:
         sidecar = json.loads(sidecar_file.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ValueError(f"train.init_from={path}: {sidecar_file} is not readable JSON "
+        raise UserError(f"train.init_from={path}: {sidecar_file} is not readable JSON "
                          f"({' '.join(str(exc).split())[:120]}); export the drafter again") from None
     if not isinstance(sidecar, dict):
-        raise ValueError(f"train.init_from={path}: {sidecar_file} is a JSON {type(sidecar).__name__}, not the export's "
+        raise UserError(f"train.init_from={path}: {sidecar_file} is a JSON {type(sidecar).__name__}, not the export's "
                          "sidecar object; export the drafter again")
     kind, fmt = sidecar.get("drafter_kind"), sidecar.get("format")
     if kind != drafter.kind:
-        raise ValueError(f"train.init_from={path}: the export holds a {kind} drafter, this recipe trains "
+        raise UserError(f"train.init_from={path}: the export holds a {kind} drafter, this recipe trains "
                          f"{drafter.kind}; warm start from an export of the same kind")
     check_same_feature_layers(sidecar.get("aux_layer_ids"), drafter, path)
     exported = config_mod.from_dict(sidecar.get("recipe") or {}, str(sidecar_file))
@@ -201,5 +202,5 @@ def check_same_feature_layers(recorded, drafter, path: Path) -> None:
     """A warm start must read the target's layers in the order its weights were trained on: fc's input
     columns are the aux layers in that order, so [3, 1, 2] weights under [1, 2, 3] are silently wrong."""
     if isinstance(recorded, list) and list(recorded) != list(drafter.feature_layers()):
-        raise ValueError(f"train.init_from={path} was trained on target layers {recorded} (in that order), this recipe "
+        raise UserError(f"train.init_from={path} was trained on target layers {recorded} (in that order), this recipe "
                          f"reads {drafter.feature_layers()}: set drafter.aux_layer_ids to {recorded} or start from scratch")

@@ -25,7 +25,7 @@ def torchrun_command(nproc: int, recipe: str, overrides: list[str], overwrite: b
 
 def backend_given(recipe: str, overrides: list[str]) -> bool:
     """Whether the recipe file or an override sets train.backend (the default is single)."""
-    from draftsmith.safe_yaml import load as load_yaml
+    from draftsmith.core.safe_yaml import load as load_yaml
 
     raw = load_yaml(open(recipe, encoding="utf-8").read(), recipe) or {}
     in_file = isinstance(raw.get("train"), dict) and "backend" in raw["train"]

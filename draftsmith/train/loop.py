@@ -29,10 +29,10 @@ import torch
 
 from draftsmith import checkpoint as ckpt_io
 from draftsmith import config as config_mod
-from draftsmith import features
-from draftsmith import target as target_mod
-from draftsmith.errors import UserError
+from draftsmith.core.errors import UserError
+from draftsmith.data import features
 from draftsmith.heads import DRAFTERS
+from draftsmith.targets import load as target_mod
 from draftsmith.train import checkpoint, parallel
 from draftsmith.train.logging import MetricsLogger
 from draftsmith.train.run_lock import RunLock
@@ -85,7 +85,7 @@ def grad_scaler_for(train_cfg, device: torch.device):
     if resolve_precision(train_cfg.precision, device) != "fp16":
         return None
     if train_cfg.backend in ("fsdp2", "deepspeed"):
-        raise ValueError(f"train.precision=fp16 is not supported with train.backend={train_cfg.backend} "
+        raise UserError(f"train.precision=fp16 is not supported with train.backend={train_cfg.backend} "
                          "(no sharded gradient scaler here); use train.precision=bf16 or fp32")
     return torch.amp.GradScaler(device.type)
 
@@ -138,7 +138,7 @@ def load_data(cfg, target, drafter_cls, options, ctx=None, api_key_env: str | No
     if ctx is None or ctx.is_main:
         print(report.summary(), flush=True)
     if len(train_set) == 0:
-        raise ValueError(f"data.path {cfg.data.path}: no usable rows (see the summary above)")
+        raise UserError(f"data.path {cfg.data.path}: no usable rows (see the summary above)")
     return train_set, heldout, data.token_counts(train_set, target.vocab_size)
 
 
@@ -189,7 +189,7 @@ class Trainer:
         check_positions(cfg, options, self.target)
         self.train_set, self.heldout, counts = load_data(cfg, self.target, drafter_cls, options, self.ctx, api_key_env)
         if cfg.data.pack_length:  # several documents per row (counts above are per document, unchanged)
-            from draftsmith.packing import PackedDataset
+            from draftsmith.data.packing import PackedDataset
 
             self.train_set = PackedDataset(self.train_set, cfg.data.pack_length)
         self.drafter = drafter_cls.from_target(options, self.target, counts)
@@ -260,7 +260,7 @@ class Trainer:
         check_trainer_state(path, state)
         saved_world = state.get("world_size", 1)
         if saved_world != self.ctx.world_size:
-            raise ValueError(f"{path} was written by {saved_world} rank(s), this run has {self.ctx.world_size}: resume "
+            raise UserError(f"{path} was written by {saved_world} rank(s), this run has {self.ctx.world_size}: resume "
                              "needs the same world size; warm start from its weights with train.init_from instead")
         self.ctx.load_model_state(self.drafter, ckpt_io.read_weights(path))
         self.ctx.load_engine_state(path)  # DeepSpeed: weights + ZeRO optimizer partitions

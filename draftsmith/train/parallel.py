@@ -29,6 +29,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from draftsmith.core.errors import UserError
+
 BACKENDS = ("single", "ddp", "fsdp2", "deepspeed")
 
 
@@ -252,7 +254,7 @@ def check_engine_files(engine_dir: Path) -> None:
                 torch.load(file, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ValueError(f"{file} holds objects other than tensors, plain data and DeepSpeed's ZeRO state, which "
+            raise UserError(f"{file} holds objects other than tensors, plain data and DeepSpeed's ZeRO state, which "
                              f"could run code when loaded ({first}); refused. Resume only from checkpoints written "
                              "by this draftsmith, or warm start from the weights with train.init_from") from None
 
@@ -273,7 +275,7 @@ def deepspeed_config(tc) -> dict:
         "steps_per_print": 10**9,
     }
     if ds.zero_stage == 0:
-        raise ValueError("train.deepspeed.zero_stage=0 is plain data parallelism: use train.backend=ddp instead")
+        raise UserError("train.deepspeed.zero_stage=0 is plain data parallelism: use train.backend=ddp instead")
     if ds.offload_optimizer:
         cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         cfg["optimizer"] = {"type": "AdamW", "params": {"lr": tc.lr, "betas": list(tc.betas),
@@ -281,7 +283,7 @@ def deepspeed_config(tc) -> dict:
     if tc.precision == "bf16":
         cfg["bf16"] = {"enabled": True}
     elif tc.precision == "fp16":
-        raise ValueError("train.precision=fp16 is not supported with train.backend=deepspeed; use bf16 or fp32")
+        raise UserError("train.precision=fp16 is not supported with train.backend=deepspeed; use bf16 or fp32")
     return cfg
 
 
@@ -298,7 +300,7 @@ def setup(train_cfg, device: torch.device) -> ParallelContext:
             raise RuntimeError("launched with WORLD_SIZE > 1 but train.backend is single; set train.backend=ddp|fsdp2|deepspeed")
         return ParallelContext("single", 0, 1, device, train_cfg=train_cfg)
     if backend not in BACKENDS:
-        raise ValueError(f"train.backend={backend!r} is not one of {BACKENDS}")
+        raise UserError(f"train.backend={backend!r} is not one of {BACKENDS}")
     rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
     if device.type == "cuda":
         torch.cuda.set_device(local_rank)  # "cuda" now means this rank's GPU (the target loads there too)
@@ -341,7 +343,7 @@ def shard_target(ctx: ParallelContext, target) -> None:
     _ = target.fingerprint, target.legacy_fingerprints  # computed (and cached) from the full weights before sharding
     layers = getattr(getattr(target.model, "model", None), "layers", None)
     if layers is None:
-        raise ValueError(f"target {target.name}: no model.layers to shard; keep the target replicated")
+        raise UserError(f"target {target.name}: no model.layers to shard; keep the target replicated")
     for layer in layers:
         fully_shard(layer)
 

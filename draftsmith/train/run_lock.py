@@ -15,7 +15,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from draftsmith.errors import UserError
+from draftsmith.core.errors import UserError
 
 LOCK_FILE = ".draftsmith.lock"
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from draftsmith import target as target_mod
+from draftsmith.core.errors import UserError
+from draftsmith.targets import load as target_mod
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -121,7 +122,7 @@ def _load_local(model, weights: _Weights, tied: bool) -> None:
                 if local.numel() == 0:
                     continue
                 if any(o != 0 for o in offset[1:]) or list(shape[1:]) != list(param.shape[1:]):
-                    raise ValueError(f"{name}: only row (dim-0) shards can be read from files, got {param.placements}")
+                    raise UserError(f"{name}: only row (dim-0) shards can be read from files, got {param.placements}")
                 local.copy_(weights.rows(source, offset[0], offset[0] + shape[0]).view(local.shape))  # this rank's rows
             else:
                 param.copy_(weights.rows(source).view(param.shape))
@@ -133,11 +134,11 @@ def load_target_sharded(ctx, tcfg) -> target_mod.Target:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if target_mod.locate(tcfg.path, tcfg.gguf_file)[1]:
-        raise ValueError(f"target.path {tcfg.path!r}: train.target_sharding=fsdp2 reads safetensors shards, not a GGUF "
+        raise UserError(f"target.path {tcfg.path!r}: train.target_sharding=fsdp2 reads safetensors shards, not a GGUF "
                          "file; use train.target_sharding=replicate for a GGUF target")
     path = Path(target_mod.resolve_path(tcfg.path))
     if not path.is_dir():
-        raise ValueError(f"target.path {tcfg.path!r}: train.target_sharding=fsdp2 loads from a local directory; "
+        raise UserError(f"target.path {tcfg.path!r}: train.target_sharding=fsdp2 loads from a local directory; "
                          "download the model first (huggingface-cli download ... --local-dir DIR) and point to it")
     config = AutoConfig.from_pretrained(path, revision=tcfg.revision, trust_remote_code=tcfg.trust_remote_code)
     with torch.device("meta"):  # 1.
@@ -148,7 +149,7 @@ def load_target_sharded(ctx, tcfg) -> target_mod.Target:
     print_fp = fingerprint(model, weights, model.config)  # 5.
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
-        raise ValueError(f"target {tcfg.path}: no model.layers to shard; use train.target_sharding=replicate")
+        raise UserError(f"target {tcfg.path}: no model.layers to shard; use train.target_sharding=replicate")
     for layer in layers:  # 2.
         fully_shard(layer)
     model.to_empty(device=ctx.device)  # 3.

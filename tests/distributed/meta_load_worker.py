@@ -21,7 +21,7 @@ from torch.distributed.fsdp import fully_shard  # noqa: F401  (imported before t
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from draftsmith import target as target_mod  # noqa: E402
+from draftsmith.targets import load as target_mod  # noqa: E402
 from draftsmith.train import sharded_load  # noqa: E402
 from draftsmith.train.parallel import destroy_process_group  # noqa: E402
 

@@ -43,7 +43,7 @@ def run(target_dir: Path, out: Path, mode: str, nproc: int) -> dict:
 
 @pytest.mark.slow
 def test_fsdp2_meta_load_peak_memory_falls_with_world_size(big_target_dir, tmp_path):
-    from draftsmith import target as target_mod
+    from draftsmith.targets import load as target_mod
 
     path, layer_bytes = big_target_dir
     replicated = run(path, tmp_path / "r.json", "replicate", 1)

@@ -82,8 +82,7 @@ def test_two_ranks_match_single_process(workdir, reference, backend, args):
 def test_ranks_see_unequal_token_counts_and_per_rank_means_would_differ(workdir, reference):
     """The 2-rank runs above are a real test of the GLOBAL normalisation: the ranks' loss-token counts
     differ at step 1, and averaging per-rank means (the naive DDP loss) gives another gradient."""
-    from draftsmith import features
-    from draftsmith.data import BatchStream
+    from draftsmith.data import BatchStream, features
 
     ref_losses = reference[0]
     trainer = Trainer(recipe(workdir, "fresh", batch_size=PER_RANK_BATCH * WORLD))  # untrained, same init

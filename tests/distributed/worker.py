@@ -40,7 +40,7 @@ def main() -> None:
 
     sharded = None
     if backend == "fsdp2":  # the frozen target sharded with FSDP2 per decoder layer
-        from draftsmith import target as target_mod
+        from draftsmith.targets import load as target_mod
 
         cfg = recipe(workdir, f"{name}-sharded-target", *over)
         ctx = parallel.setup(cfg.train, torch.device("cpu"))

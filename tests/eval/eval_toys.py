@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import torch
 
-from draftsmith.target import Target
+from draftsmith.targets.load import Target
 
 
 def fixed_logit_lm(table: torch.Tensor):

@@ -64,7 +64,7 @@ def test_ngram_first_rows_run_the_checkpoint_behind_the_lookup(tmp_path):
     assert results["drafter"]["ngram_first"]["min_ngram"] == 2 and results["drafter"]["ngram_first"]["drafter_k"] == 2
     assert row["drafter_k"] == 2
     # a drafter deeper than the lookup's --k: refused (UserError: the script exits 2), before anything runs
-    from draftsmith.errors import UserError
+    from draftsmith.core.errors import UserError
     with pytest.raises(UserError, match="drafts at most --k"):
         bench.main([f"{ckpt}:5", "--no-ngram", "--no-hf", "--ngram-first", "--k", "3", "--out-dir", str(tmp_path / "deep")])
     assert not (tmp_path / "deep").exists()

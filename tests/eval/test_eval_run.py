@@ -8,7 +8,7 @@ import inspect
 import json
 from dataclasses import fields
 
-from draftsmith.eval import cli as eval_cli
+from draftsmith.commands import eval as eval_cli
 from draftsmith.eval import profile
 
 

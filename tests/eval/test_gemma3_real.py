@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from draftsmith import installed
 from draftsmith.cli import main as cli_main
+from draftsmith.targets import installed
 
 pytestmark = pytest.mark.slow
 

@@ -11,9 +11,9 @@ import torch
 from eval_toys import fixed_logit_target
 from test_verification import chi_square_pvalue
 
+from draftsmith.core.sampling import SamplingParams
 from draftsmith.eval.loop import LoopConfig, generate
 from draftsmith.heads.draft_lm import DraftModelProposer
-from draftsmith.sampling import SamplingParams
 
 V, RUNS = 8, 1000  # V a multiple of 4: the toy model splits hidden size V over 2 rotary heads
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 from test_verification import chi_square_pvalue
 
+from draftsmith.core.sampling import SamplingParams, logits_to_probs, sample, verify_stochastic
 from draftsmith.eval import proposers
 from draftsmith.eval.loop import LoopConfig, SpeculativeState, generate
 from draftsmith.heads import draft_lm as draft_lm_mod
-from draftsmith.sampling import SamplingParams, logits_to_probs, sample, verify_stochastic
 
 PROMPTS = ["Once upon a time", "Tom and Lily went to the park. They saw", "The little dog was sad because"]
 MAX_NEW = 48

@@ -16,7 +16,7 @@ from draftsmith.eval.loop import LoopConfig, generate
 from draftsmith.eval.proposers import ReplayProposer
 from draftsmith.eval.runner import first_difference
 from draftsmith.heads.draft_lm import DraftModelProposer
-from draftsmith.target import Target, TargetOutput
+from draftsmith.targets.load import Target, TargetOutput
 
 V = 260  # the byte tokenizer's 259 ids, rounded up to an even hidden size (2 heads)
 TIE_LOGIT = 16.0  # bf16 step at 16: 2 ** -7 * 16 = 0.125

@@ -7,10 +7,10 @@ import pytest
 import torch
 from eval_toys import fixed_logit_target, successor_table
 
+from draftsmith.core.sampling import verify_stochastic
 from draftsmith.eval import loop, metrics, runner
 from draftsmith.eval.loop import Generation, LoopConfig, RoundStats, generate
 from draftsmith.heads.draft_lm import DraftModelProposer
-from draftsmith.sampling import verify_stochastic
 
 V = 16
 

@@ -19,11 +19,11 @@ from test_generate_chi2 import RUNS, V, _laws, _tables
 from test_verification import chi_square_pvalue
 
 from draftsmith.cli import main as cli_main
+from draftsmith.core.sampling import SamplingParams
 from draftsmith.eval.loop import LoopConfig, generate, generate_batch
 from draftsmith.eval.proposers import NgramFirstProposer, NgramProposer
 from draftsmith.heads import DRAFTERS
 from draftsmith.heads.draft_lm import DraftModelProposer
-from draftsmith.sampling import SamplingParams
 from draftsmith.testing import tiny_target
 from tests.export.conftest import make_checkpoint
 
@@ -182,7 +182,7 @@ def test_eval_records_the_split_and_names_the_hybrid(ckpt, tmp_path):
     assert res["drafter"]["ngram_first"] == {"max_ngram": 3, "min_ngram": 2, "match": "first", "drafter_k": 2}
     split = next(iter(res["workloads"].values()))["ngram_first_rounds"]
     assert split["ngram"] + split["drafter"] > 0
-    from draftsmith.eval import cli as eval_cli  # the flag reaches the proposer the loop drives
+    from draftsmith.commands import eval as eval_cli  # the flag reaches the proposer the loop drives
     args = eval_cli.EvalOptions(path=str(ckpt), ngram_first=True, k=3, drafter_k=2, device="cpu")
     _, proposer, _ = eval_cli._load(args)
     assert isinstance(proposer, NgramFirstProposer) and proposer.drafter_k == 2

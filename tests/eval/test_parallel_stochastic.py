@@ -9,9 +9,9 @@ import torch
 from eval_toys import fixed_logit_target
 from test_verification import chi_square_pvalue
 
+from draftsmith.core.sampling import SamplingParams
 from draftsmith.eval.loop import LoopConfig, generate
 from draftsmith.heads import DRAFTERS
-from draftsmith.sampling import SamplingParams
 
 V = 4
 OPTIONS = {"dflash": {"block_size": 3, "num_layers": 1}, "dspark": {"block_size": 2, "num_layers": 1, "markov_rank": 2,

@@ -58,8 +58,8 @@ def test_costly_drafts_do_not_pay_and_summary_says_so():
 def test_profile_cli_then_export_copies_it(tmp_path, monkeypatch):
     from draftsmith import checkpoint
     from draftsmith import config as config_mod
-    from draftsmith import target as target_mod
     from draftsmith.heads import DRAFTERS
+    from draftsmith.targets import load as target_mod
 
     shared_path(STORIES)
     cfg = config_mod.load(str(REPO / "recipes" / "debug" / "eagle3-stories260k.yaml"))

@@ -8,11 +8,11 @@ import pytest
 import torch
 from test_verification import chi_square_pvalue
 
+from draftsmith.core.sampling import SamplingParams, logits_to_probs, sample
 from draftsmith.eval import tree as tree_mod
 from draftsmith.eval import tree_calibration
 from draftsmith.eval.loop import LoopConfig, generate
 from draftsmith.heads import draft_lm as draft_lm_mod
-from draftsmith.sampling import SamplingParams, logits_to_probs, sample
 from draftsmith.testing import tiny_target
 
 #           0   1   2   3   4   5      parents: a depth-3 tree with two branches at the root

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftsmith.sampling import SamplingParams, logits_to_probs, sample, verify, verify_greedy, verify_stochastic
+from draftsmith.core.sampling import SamplingParams, logits_to_probs, sample, verify, verify_greedy, verify_stochastic
 
 N = 4000  # samples per test: enough power (see the negative controls), ~2 s each on one core
 

@@ -94,8 +94,8 @@ def test_cli_end_to_end_writes_results(tmp_path, capsys):
 
 def test_lossless_mismatch_fails_the_run(tmp_path, monkeypatch):
     """A lossy rule (accept every draft) must be caught with the prompt id and first differing position."""
+    from draftsmith.core.sampling import Verdict
     from draftsmith.eval import loop
-    from draftsmith.sampling import Verdict
 
     stories = shared_path(STORIES)
     monkeypatch.setattr(loop, "verify", lambda d, q, logits, params, gen: Verdict(d.shape[0], int(logits[-1].argmax())))
@@ -114,8 +114,8 @@ def test_cli_evaluates_a_training_checkpoint(tmp_path):
     """`draftsmith eval runs/NAME/final`: rebuilt by draftsmith.checkpoint.load_drafter, stochastic + lossless check."""
     from draftsmith import checkpoint
     from draftsmith import config as config_mod
-    from draftsmith import target as target_mod
     from draftsmith.heads import DRAFTERS
+    from draftsmith.targets import load as target_mod
 
     shared_path(STORIES)
     cfg = config_mod.load(str(REPO / "recipes" / "debug" / "eagle3-stories260k.yaml"))

@@ -13,8 +13,8 @@ import torch
 
 from draftsmith import checkpoint
 from draftsmith import config as config_mod
-from draftsmith import target as target_mod
 from draftsmith.heads import DRAFTERS
+from draftsmith.targets import load as target_mod
 from draftsmith.testing import byte_tokenizer
 
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,

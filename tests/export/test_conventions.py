@@ -22,7 +22,8 @@ import torch
 from conftest import LLAMA3_ROPE, make_checkpoint
 from safetensors.torch import load_file
 
-from draftsmith import checkpoint, features
+from draftsmith import checkpoint
+from draftsmith.data import features
 from draftsmith.testing import tiny_target
 
 KIND_OPTIONS = {
@@ -204,9 +205,9 @@ def test_partial_rotary_factor_is_never_written(tmp_path):
     """A GLM-4-style target rotates half of each head; the draft layer rotates its whole head in training, and an
     engine reading partial_rotary_factor from the draft config would rotate half: the export must not carry it."""
     from draftsmith import config as config_mod
-    from draftsmith import target as target_mod
     from draftsmith.export import export
     from draftsmith.heads import DRAFTERS
+    from draftsmith.targets import load as target_mod
     from draftsmith.testing import byte_tokenizer
 
     base = tiny_target()

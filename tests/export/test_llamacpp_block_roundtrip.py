@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 def target_gguf(tools, tmp_path_factory):
     """pycode-tiny's GGUF, converted once for both kinds (each export then takes --target-gguf)."""
     from draftsmith.export.llamacpp_tools import convert
-    from draftsmith.target import resolve_path
+    from draftsmith.targets.load import resolve_path
 
     return convert(tools, Path(resolve_path("builtin:pycode-tiny")), tmp_path_factory.mktemp("t") / "target.gguf")
 

@@ -14,10 +14,10 @@ from conftest import make_checkpoint
 from safetensors.torch import load_file
 
 from draftsmith import checkpoint
+from draftsmith.core.sampling import SamplingParams
 from draftsmith.export import EXPORTERS, export
 from draftsmith.export.common import ExportOptions, ExportValidationError
 from draftsmith.export.validate import validate_export
-from draftsmith.sampling import SamplingParams
 from tests.export.tamper import tampered_copy
 
 H, V, DV = 32, 259, 40  # conftest.save_tiny_target: hidden 32, byte vocabulary 259

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from draftsmith import target as target_mod
 from draftsmith.cli import main as cli_main
 from draftsmith.export import export
+from draftsmith.targets import load as target_mod
 from draftsmith.testing import tiny_target
 
 

@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from draftsmith.cli import main as cli_main
-from draftsmith.errors import UserError
+from draftsmith.core.errors import UserError
 from draftsmith.export import export
 from draftsmith.export.api import replace_export_files
 from draftsmith.export.common import ExportOptions, ExportValidationError

@@ -10,7 +10,7 @@ from matplotlib.image import imread
 from result_files import HW_CPU, make_result, workload, write
 
 from draftsmith.cli import main as cli_main
-from draftsmith.report.cli_leaderboard import build_leaderboard
+from draftsmith.commands.leaderboard import build_leaderboard
 from draftsmith.report.leaderboard import build_rows, model_tables
 from draftsmith.report.results_io import load_results
 

@@ -6,7 +6,7 @@ import pytest
 from result_files import make_result, workload, write
 
 from draftsmith.cli import main as cli_main
-from draftsmith.report.cli_leaderboard import build_leaderboard
+from draftsmith.commands.leaderboard import build_leaderboard
 from draftsmith.report.leaderboard import build_rows, model_tables
 from draftsmith.report.results_io import load_results
 

@@ -34,11 +34,11 @@ def harness_settings(ci_examples: int):
 
 @pytest.fixture(scope="session")
 def world_dir(tmp_path_factory) -> Path:
-    import draftsmith.eval.cli  # noqa: F401  (imported once here, so every forked case starts warm)
+    import draftsmith.commands.eval  # noqa: F401  (imported once here, so every forked case starts warm)
+    import draftsmith.commands.inspect  # noqa: F401
+    import draftsmith.commands.leaderboard  # noqa: F401
+    import draftsmith.commands.report  # noqa: F401
     import draftsmith.export.api  # noqa: F401
-    import draftsmith.inspect  # noqa: F401
-    import draftsmith.report.cli_leaderboard  # noqa: F401
-    import draftsmith.report.cli_report  # noqa: F401
     import draftsmith.train.loop  # noqa: F401
 
     return world.build(tmp_path_factory.mktemp("harness-world"))

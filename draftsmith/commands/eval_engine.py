@@ -1,0 +1,180 @@
+"""`draftsmith eval CKPT --engine llama.cpp`: train-to-serve parity (the counting and the verdict are in
+eval/engine.py; this module runs both sides, so it sits above eval/ and export/).
+
+    draftsmith eval runs/eagle3-stories260k/final --engine llama.cpp --workloads mt_bench --k 3 \
+        [--engine-export exported/llamacpp] [--target-gguf F.gguf] [--engine-threads 2]
+
+draftsmith/cli.py hands `eval --engine` here; the flags are defined in eval/cli.py.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from draftsmith.eval.engine import TOLERANCE, compare_workload, draftsmith_side, engine_request, gguf_problems
+from draftsmith.export.llamacpp_block import BLOCK_KINDS, ENGINE_DRAFTER_OPTIONS, gguf_block_problems
+from draftsmith.report.parity import parity_lines
+
+
+def engine_side(tools, files: dict, prompts: list, k: int, max_new_tokens: int, threads: int) -> tuple[list, list]:
+    """Both llama-servers up at once, requests interleaved -> (speculative replies, target-only replies)."""
+    from draftsmith.export.llamacpp_tools import LlamaServer
+
+    ids = [p.reshape(-1).tolist() for p in prompts]
+    bound = 2 * len(ids) + 2  # every prompt once per server, plus one warm-up each
+    spec_srv = LlamaServer(tools, Path(files["target"]), draft=Path(files["draft"]), spec_type=files["spec_type"], k=k,
+                           threads=threads, max_requests=bound)
+    base_srv = LlamaServer(tools, Path(files["target"]), threads=threads, max_requests=bound)
+    spec, base = [], []
+    with spec_srv, base_srv:
+        spec_srv.complete(ids[0], max_new_tokens)  # warm-up, untimed
+        base_srv.complete(ids[0], max_new_tokens)
+        for i, prompt in enumerate(ids):
+            order = (spec_srv, base_srv) if i % 2 else (base_srv, spec_srv)
+            for srv in order:
+                reply = engine_request(srv.complete(prompt, max_new_tokens), len(prompt))
+                (spec if srv is spec_srv else base).append(reply)
+    return spec, base
+
+
+def apply_engine_rules(drafter) -> dict:
+    """Set the drafter options under which draftsmith's loop applies the rule llama.cpp applies
+    (llamacpp_block.ENGINE_DRAFTER_OPTIONS: DSpark's whole block, as --spec-draft-p-min 0); what changed."""
+    changed = {}
+    for option, value in ENGINE_DRAFTER_OPTIONS.get(drafter.kind, {}).items():
+        before = getattr(drafter.cfg, option)
+        if before != value:
+            setattr(drafter.cfg, option, value)
+            changed[option] = {"trained": before, "compared": value}
+            print(f"[eval --engine llama.cpp] draftsmith's side runs drafter.{option}={value} (trained {before}): "
+                  f"llama.cpp's {drafter.kind} with --spec-draft-p-min 0 sends every slot of the block", flush=True)
+    return changed
+
+
+# ---------------------------------------------------------------- `draftsmith eval CKPT --engine llama.cpp`
+
+def check_engine_args(args) -> None:
+    from draftsmith.core.errors import UserError
+
+    problems = [(not args.path, "--engine llama.cpp needs a checkpoint PATH (the drafter to serve)"),
+                (args.temperature != 0, f"--engine llama.cpp compares greedy decoding; drop --temperature {args.temperature}"),
+                (args.tree is not None, "--engine llama.cpp drafts chains (--spec-draft-n-max); drop --tree"),
+                (bool(args.batch_size or args.concurrency_sweep), "--engine llama.cpp runs batch 1; drop --batch-size / "
+                                                                  "--concurrency-sweep"),
+                (args.k < 1, f"--k {args.k}: --engine llama.cpp needs k >= 1"),
+                (getattr(args, "ngram_first", False),
+                 "--ngram-first runs in draftsmith's loop only (no engine serves it): drop --engine or --ngram-first"),
+                (getattr(args, "drafter_k", None) is not None,
+                 "--drafter-k caps a drafter behind --ngram-first, which no engine serves: drop --engine or --drafter-k"),
+                (args.engine_threads < 1, f"--engine-threads {args.engine_threads}: must be >= 1")]
+    for bad, message in problems:
+        if bad:
+            raise UserError(message)
+
+
+def engine_files(args, loaded, work: Path) -> dict:
+    """The GGUF files to serve: --engine-export DIR, else a fresh --to llama.cpp export into `work`."""
+    from draftsmith.core.errors import UserError
+    from draftsmith.export.llamacpp import export_llamacpp, read_export_dir
+
+    if args.engine_export:
+        side = read_export_dir(args.engine_export)
+        if side.get("drafter_kind") != loaded.drafter.kind:
+            raise UserError(f"--engine-export {args.engine_export} holds a {side.get('drafter_kind')} drafter, the "
+                            f"checkpoint a {loaded.drafter.kind}; export this checkpoint with --to llama.cpp")
+        if args.target_gguf:
+            side["target"] = str(Path(args.target_gguf).resolve())
+        return side
+    result = export_llamacpp(args.path, work / "llamacpp", target_gguf=args.target_gguf, k=args.k, loaded=loaded)
+    return {"draft": str(result.draft), "target": str(result.target), "spec_type": result.spec_type,
+            "exported_to": "a temporary directory (pass --engine-export DIR to keep one)"}
+
+
+def main(args) -> int:
+    """Run both sides per workload, print the comparison, write the results JSON (`engine` keys)."""
+    import datetime as _dt
+    import shlex
+    import sys
+    import tempfile
+
+    import torch
+
+    from draftsmith.checkpoint import load_drafter
+    from draftsmith.core.errors import UserError
+    from draftsmith.eval import proposers, results, workloads
+    from draftsmith.export.llamacpp import check_k, refusal
+    from draftsmith.export.llamacpp_tools import find_llama_cpp
+
+    check_engine_args(args)
+    loaded = load_drafter(args.path, trust_remote_code=args.trust_remote_code)
+    why = refusal(loaded)
+    if why:
+        raise UserError(why.replace("--to llama.cpp", "--engine llama.cpp"))
+    check_k(loaded.drafter, args.k)
+    tools = find_llama_cpp()
+    target, drafter = loaded.target, loaded.drafter
+    applied = apply_engine_rules(drafter)
+    recipe = workloads.checkpoint_recipe(args.path)
+    prompt_format = args.prompt_format
+    if prompt_format == "auto":
+        prompt_format = workloads.training_prompt_format(recipe, target.tokenizer)
+    names = workloads.expand([w.strip() for w in args.workloads.split(",") if w.strip()])
+    proposer = proposers.from_drafter(drafter, target)
+    limit = getattr(target.config, "max_position_embeddings", None)
+    max_prompt = None if limit is None else limit - args.max_new_tokens
+    torch.manual_seed(args.seed)
+    per_workload, printed = {}, []
+    with tempfile.TemporaryDirectory(prefix="draftsmith-engine-") as work:
+        files = engine_files(args, loaded, Path(work))
+        problems = gguf_problems(Path(files["draft"]), drafter)
+        if drafter.kind in BLOCK_KINDS:
+            problems += gguf_block_problems(Path(files["draft"]), drafter)
+        for name in names:
+            items = workloads.load(name, args.data_dir, args.num_prompts or None)
+            encoded = [workloads.encode(item, target.tokenizer, prompt_format, max_prompt) for item in items]
+            prompts = [ids for ids, _ in encoded]
+            print(f"[eval --engine llama.cpp] {name}: {len(prompts)} prompts, k={args.k}, "
+                  f"{args.max_new_tokens} tokens each (greedy, EOS ignored) ...", flush=True)
+            ds_requests, ds_base = draftsmith_side(target, proposer, prompts, args.k, args.max_new_tokens)
+            spec, base = engine_side(tools, files, prompts, args.k, args.max_new_tokens, args.engine_threads)
+            section, aggregate = compare_workload(ds_requests, ds_base, spec, base, args.k, problems)
+            mismatches = []
+            for item, r, (_, truncated) in zip(items, ds_requests, encoded):
+                r.pop("_costs", None)
+                r["id"], r["prompt_truncated"] = item["id"], truncated
+                mismatch = r.pop("_mismatch")
+                if mismatch:
+                    mismatches.append({"id": item["id"], **mismatch})
+            per_workload[name] = {"num_requests": len(prompts), "num_truncated_prompts": sum(t for _, t in encoded),
+                                  "aggregate": aggregate, "lossless_mismatches": mismatches, "requests": ds_requests,
+                                  "engine": section}
+            printed += parity_lines(name, section)
+    config = {"k": args.k, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_new_tokens": args.max_new_tokens,
+              "num_prompts": args.num_prompts, "seed": args.seed, "warmup": 1, "repeats": 1,
+              "dtype": str(target.dtype).removeprefix("torch."), "device": str(target.device), "verification": "greedy",
+              "lossless_rule": True, "prompt_format": prompt_format, "eos_ids": [], "eos_ignored": True,
+              "workloads": names, "first_turn_only": True, "tree": None, "verify_budget": args.k, "tree_budget": None,
+              "batch_sizes": [], "recipe": recipe,
+              "engine": {"name": "llama.cpp", "version": tools.version(), "server": str(tools.server),
+                         "spec_type": files["spec_type"], "threads": args.engine_threads,
+                         "draft_gguf": files["draft"], "target_gguf": files["target"],
+                         "gguf_problems": problems, "draftsmith_drafter_options": applied}}
+    identity = {"kind": drafter.kind, "name": Path(args.path).resolve().parent.name, "path": str(args.path),
+                "fingerprint": results.module_fingerprint(drafter, drafter.state_dict_for_export()),
+                "num_params": sum(t.numel() for t in drafter.state_dict_for_export().values()),
+                "trainable_params": sum(p.numel() for p in drafter.trainable_parameters()), "training_log": None}
+    command = "draftsmith eval " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["eval"] else \
+        "draftsmith eval --engine llama.cpp (function call)"
+    out = results.build(command, config, target.identity(), identity, target.device, per_workload, True)
+    print(f"train-to-serve parity ({drafter.kind} on {target.identity().get('name')}, k={args.k}, greedy, "
+          f"{args.max_new_tokens} tokens; llama.cpp {files['spec_type']}, tolerance {TOLERANCE:.0%}):")
+    for line in printed:
+        print(line)
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = args.out or Path("results") / f"{drafter.kind}-k{args.k}-llamacpp-{stamp}.json"
+    print(f"[eval] results written to {results.write(out, path)}")
+    unequal = [n for n, w in per_workload.items() if w["engine"]["output_equals_target_only"] != w["num_requests"]]
+    if args.check_lossless and unequal:
+        print(f"[eval] --check-lossless FAILED: llama.cpp's output with the drafter differs from its output without "
+              f"on {', '.join(unequal)}", file=sys.stderr)
+        return 1
+    return 0

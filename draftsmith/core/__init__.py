@@ -1,0 +1,1 @@
+"""Leaf utilities: errors, bounded file I/O, registries, safe YAML, sampling."""

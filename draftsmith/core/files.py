@@ -1,0 +1,203 @@
+"""Files received from others, read without surprises, and our own files written without loss.
+
+Reading (checkpoints, exports, init_from sources: anything a user may have been sent):
+  - a safetensors file's header is checked before anything is allocated: the 8-byte header length
+    against the file size, the JSON header, each tensor's dtype, shape and byte range against the
+    data actually present (a truncated file, garbage, or a header claiming a 10^13-element tensor
+    is one line naming the file, never a SafetensorError traceback or a huge allocation);
+  - a JSON sidecar (drafter.json, draftsmith.json) must be a JSON object: garbled or other JSON is
+    one line naming the file.
+Writing:
+  - a full disk (ENOSPC, EDQUOT, EFBIG) while writing a directory is one line naming it (`disk_full_guard`);
+  - temporary directories are named `.NAME.tmp-PID-XXXX` beside the destination, so that a later
+    run can remove those of a killed run (`clean_stale_temps`: only that pattern, only a dead PID);
+  - `terminate_cleanly()` turns SIGTERM into SystemExit, so the `finally` blocks that remove a
+    temporary directory run on `kill PID` too (SIGKILL cannot be caught: the next run cleans up).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import tempfile
+import threading
+from pathlib import Path
+
+from draftsmith.core.errors import UserError
+
+# Bytes per element of each safetensors dtype (the format's own names).
+SAFETENSORS_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4,
+                      "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}
+MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit for the JSON header
+
+
+def _bad(path: Path, why: str) -> UserError:
+    return UserError(f"{path}: {why}; the file is damaged or not a safetensors file: write it again "
+                     "(or ask its sender for an intact copy)")
+
+
+def check_safetensors(path: str | Path) -> dict:
+    """The header of a safetensors file, checked against the bytes on disk; raises UserError."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise _bad(path, f"only {size} bytes (a safetensors file starts with an 8-byte header length)")
+        n = int.from_bytes(head, "little")
+        if n > min(MAX_HEADER_BYTES, size - 8):
+            raise _bad(path, f"its header claims {n:,} bytes but the file holds {size:,}")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise _bad(path, "its header is not JSON") from None
+    if not isinstance(header, dict):
+        raise _bad(path, "its header is not a JSON object")
+    data_bytes, covered = size - 8 - n, 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(entry, dict):
+            raise _bad(path, f"tensor {name[:80]!r} has no dtype/shape/offsets entry")
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if dtype not in SAFETENSORS_DTYPES:
+            raise _bad(path, f"tensor {name[:80]!r} has unknown dtype {str(dtype)[:20]!r}")
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            raise _bad(path, f"tensor {name[:80]!r} has shape {str(shape)[:80]} (non-negative integers expected)")
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
+                or not 0 <= offsets[0] <= offsets[1] <= data_bytes):
+            raise _bad(path, f"tensor {name[:80]!r} has byte range {str(offsets)[:80]} outside the "
+                             f"{data_bytes:,} data bytes present (truncated?)")
+        want = math.prod(shape) * SAFETENSORS_DTYPES[dtype]
+        if offsets[1] - offsets[0] != want:
+            raise _bad(path, f"tensor {name[:80]!r} of shape {shape[:8]} {dtype} needs {want:,} bytes, "
+                             f"its byte range holds {offsets[1] - offsets[0]:,}")
+        covered += want
+    if covered != data_bytes:
+        raise _bad(path, f"its tensors cover {covered:,} of the {data_bytes:,} data bytes")
+    return header
+
+
+def load_safetensors(path: str | Path) -> dict:
+    """load_file after check_safetensors: every problem of a received file is one line naming it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    check_safetensors(path)
+    try:
+        return load_file(str(path))
+    except SafetensorError as exc:  # anything the header check did not foresee
+        raise _bad(Path(path), str(exc)) from None
+
+
+def read_json_object(path: str | Path, what: str) -> dict:
+    """A JSON file that must hold one object (drafter.json, draftsmith.json); one line if not."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text; the {what} is damaged: write it again") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); the {what} is damaged: "
+                        "write it again") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: holds a JSON {type(data).__name__}, not the object a {what} holds; "
+                        "the file is damaged or not draftsmith's")
+    return data
+
+
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # full disk, quota, the file size limit (ulimit -f)
+
+
+def _no_room(exc: BaseException, where: Path) -> bool:
+    """Whether a write failed for want of room. OSError carries errno; safetensors raises a
+    SafetensorError whose text ends "(os error 28)"; torch.save raises a RuntimeError naming no errno
+    (then: whether the device has under 1 MiB left)."""
+    if isinstance(exc, OSError):
+        return exc.errno in NO_ROOM
+    text = str(exc)
+    m = re.search(r"os error (\d+)", text)
+    if m:
+        return int(m.group(1)) in NO_ROOM
+    if isinstance(exc, RuntimeError) and ("inline_container" in text or "PytorchStreamWriter" in text):
+        try:
+            return shutil.disk_usage(where if where.is_dir() else where.parent).free < 2**20
+        except OSError:
+            return False
+    return False
+
+
+@contextlib.contextmanager
+def disk_full_guard(path: Path, what: str, probe: Path | None = None):
+    """Re-raise a write that failed for want of room (ENOSPC, EDQUOT, EFBIG; from open/write, safetensors
+    or torch.save) inside the block as one line naming `path`; `probe`: where the files are written."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except (OSError, SafetensorError, RuntimeError) as exc:
+        if not _no_room(exc, Path(probe or path)):
+            raise
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        raise UserError(f"{path}: no space left on the device (or past the file size limit) while writing the "
+                        f"{what}{where}; nothing already there was changed: free space or write elsewhere") from exc
+
+
+# --------------------------------------------------------------------------- temporary directories
+
+
+def temp_dir_beside(final_dir: Path) -> Path:
+    """A new `.NAME.tmp-PID-XXXX` directory beside final_dir (the PID lets a later run tell a dead owner)."""
+    return Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.tmp-{os.getpid()}-", dir=final_dir.parent))
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def clean_stale_temps(final_dir: Path) -> list[str]:
+    """Remove `.NAME.tmp-PID-XXXX` directories beside final_dir whose PID is no longer running (left
+    by a killed run); anything else is left alone. Returns the names removed."""
+    final_dir = Path(final_dir)
+    parent = final_dir.parent
+    if not parent.is_dir():
+        return []
+    pattern = re.compile(rf"^\.{re.escape(final_dir.name)}\.tmp-(\d+)-[A-Za-z0-9_]+$")
+    removed = []
+    for p in parent.iterdir():
+        m = pattern.match(p.name)
+        if m and p.is_dir() and not p.is_symlink() and not _alive(int(m.group(1))):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p.name)
+    return sorted(removed)
+
+
+@contextlib.contextmanager
+def terminate_cleanly():
+    """Inside the block SIGTERM raises SystemExit(143), so `finally` clean-ups run (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

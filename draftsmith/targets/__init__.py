@@ -1,0 +1,1 @@
+"""Loading a target: transformers checkpoints, GGUF files, installed models, architectures."""

