@@ -80,3 +80,40 @@ def test_relative_missing_target_that_looks_like_a_hub_id(capsys):
     # "org/name" form, not a local directory; the space makes the hub reject it before any network call
     err = _one_line_error(capsys, ["eval", "--target", "no such/model", "--proposer", "ngram", "--workloads", "pycode"])
     assert "'no such/model': no such local directory" in err and "as a Hugging Face id it did not load" in err
+
+
+def test_a_bug_keeps_its_traceback_and_a_user_error_is_one_line(monkeypatch, capsys):
+    """Only UserError (and OSError, unknown names) is expected; a ValueError from inside draftsmith or a library is
+    a bug and must keep its traceback instead of being printed as if the user could fix it."""
+    from draftsmith.commands import ls
+    from draftsmith.core.errors import EXPECTED, ConfigError, UserError
+
+    def bug(args):
+        raise ValueError("math domain error")  # what a library raises on a bug
+
+    monkeypatch.setattr(ls, "main", bug)
+    with pytest.raises(ValueError, match="math domain error"):
+        cli_main(["ls"])
+
+    def user_mistake(args):
+        raise UserError("data.path x.jsonl: no such file; pass an existing file")
+
+    monkeypatch.setattr(ls, "main", user_mistake)
+    assert _one_line_error(capsys, ["ls"]).endswith("data.path x.jsonl: no such file; pass an existing file")
+    assert issubclass(ConfigError, UserError) and ValueError not in EXPECTED
+
+
+def test_draftsmith_raises_no_bare_value_error_for_user_input():
+    """Every `raise ValueError` left in draftsmith/ is an internal invariant (a bug if it fires), listed here."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "draftsmith"
+    found = set()
+    for file in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and \
+                    getattr(node.exc.func, "id", None) == "ValueError":
+                found.add(str(file.relative_to(root)))
+    assert found == {"core/registry.py", "eval/loop.py", "heads/vocab_loss.py", "data/dataset.py",
+                     "data/streaming.py", "testing/__init__.py"}
