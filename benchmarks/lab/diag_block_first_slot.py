@@ -1,11 +1,11 @@
 """Diagnostic (issue 21 item 2): a drafter's first-slot accuracy teacher-forced against its
 first-position acceptance in the real loop, on the same held-out prompts and the same tokens.
 
-    python benchmarks/diag_block_first_slot.py KIND STEPS [key=value ...]
-    OMP_NUM_THREADS=1 python benchmarks/diag_block_first_slot.py dflash 300 train.lr=3e-3 train.warmup_steps=0 \
+    python benchmarks/lab/diag_block_first_slot.py KIND STEPS [key=value ...]
+    OMP_NUM_THREADS=1 python benchmarks/lab/diag_block_first_slot.py dflash 300 train.lr=3e-3 train.warmup_steps=0 \
         train.min_lr_ratio=1.0
-    DIAG_QK=identity python benchmarks/diag_block_first_slot.py dflash 300   # ablation: no q_norm / k_norm
-    DIAG_FEED=prev python benchmarks/diag_block_first_slot.py dflash 300     # oracle: feature p-1 in every slot
+    DIAG_QK=identity python benchmarks/lab/diag_block_first_slot.py dflash 300   # ablation: no q_norm / k_norm
+    DIAG_FEED=prev python benchmarks/lab/diag_block_first_slot.py dflash 300     # oracle: feature p-1 in every slot
 
 1. train recipes/debug/KIND-stories260k.yaml for STEPS steps into runs/diag/TAG (answers regenerated once
    into runs/regen/regenerated.jsonl and shared by every kind); a finished run is reused;
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from draftsmith import config  # noqa: E402
