@@ -3,7 +3,7 @@
 Each round is recorded with the output position at which it starts (new tokens already emitted,
 the prefill's first token included) and its context (prompt tokens + that position: what the
 target attends to when it verifies). Rounds are pooled into power-of-two bins; per bin:
-tau = committed / rounds and alpha = accepted / proposed (DESIGN.md definitions). Requests are
+tau = committed / rounds and alpha = accepted / proposed (docs/design.md, "Definitions"). Requests are
 also binned by prompt length (tau pooled over their rounds).
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The one speculative decoding loop (batch size 1): prefill, then rounds of draft -> verify ->
 commit, until one of the target's EOS ids or exactly max_new_tokens new tokens.
 
-One round (DESIGN.md "Definitions"; Leviathan et al. 2023, Chen et al. 2023):
+One round (docs/design.md "Definitions"; Leviathan et al. 2023, Chen et al. 2023):
   1. draft   proposer.propose(context, k) -> k draft tokens d1..dk (+ their q for sampling)
   2. verify  ONE target forward over [last, d1..dk] (k+1 positions) on the target's KV cache,
              which holds every committed token but the last one

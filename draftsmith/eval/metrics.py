@@ -1,4 +1,4 @@
-"""Per-request and per-workload metrics, with the definitions of DESIGN.md:
+"""Per-request and per-workload metrics, with the definitions of docs/design.md:
 
   acceptance length tau  committed tokens per round (accepted drafts + 1), from token ids; the
                          first token (from the prefill) belongs to no round and is not counted

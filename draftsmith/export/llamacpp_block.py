@@ -23,7 +23,7 @@ arch "dflash" (src/models/dflash.cpp), from two converter classes (conversion/qw
           top_k * (top_k + 1) <= hidden (the lattice row); served as draft-dflash, whose loop walks the
           selector greedily (argmax over the K pair scores from the previous pick) when selector_top_k > 0.
 
-The graph, against draftsmith's BlockDrafting (heads/dflash.py), term by term:
+The graph, against draftsmith's BlockDrafting (heads/block.py), term by term:
   context  fc -> RMSNorm (hidden_norm = enc output norm); per layer k_norm(k_proj(ctx)) roped at the
            committed positions, v_proj(ctx): injected into the draft KV cache   == context_kv
   block    [id_last, MASK...] at pos0.., token embedding of the TARGET (no embed_tokens in the

@@ -1,6 +1,6 @@
 """DFlash 2 drafter (Inco AI and Z Lab, "DFlash 2", technical blog https://inco.ai/blog/dflash2/,
 2026-08-18; reference implementation z-lab/dflash dflash/model.py; trained by speculators 0.9.0 as
-models/dflash2): the DFlash block backbone (heads/dflash.py) plus two small pieces that recover what a
+models/dflash2): the DFlash block backbone (heads/block.py) plus two small pieces that recover what a
 purely parallel block draft loses, both still inside ONE backbone forward per round.
 
 1. Two-tap dynamic convolution around every sublayer. Each draft layer wraps its attention and its MLP
@@ -47,7 +47,7 @@ from torch import nn
 from draftsmith.core.errors import UserError
 from draftsmith.core.sampling import sample
 from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
-from draftsmith.heads.dflash import BlockConfig, BlockDrafting, BlockLayer, BlockProposer, slot_metrics
+from draftsmith.heads.block import BlockConfig, BlockDrafting, BlockLayer, BlockProposer, slot_metrics
 
 
 # --------------------------------------------------------------------------- 1. dynamic convolution
@@ -159,7 +159,7 @@ class DFlash2Drafter(BlockDrafting, Drafter):
 
     @dataclass
     class Config(BlockConfig):
-        """DFlash's block options (dflash.BlockConfig) plus the convolution and the selector."""
+        """DFlash's block options (block.BlockConfig) plus the convolution and the selector."""
 
         # Taps of the dynamic convolution (the blog: 2, the slot itself and the one before it).
         conv_kernel_size: int = 2

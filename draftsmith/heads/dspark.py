@@ -1,6 +1,6 @@
 """DSpark drafter (DeepSeek and PKU 2026, "DSpark: Confidence-Scheduled Speculative Decoding with
 Semi-Autoregressive Generation", the DeepSpec release; speculators.models.dspark): the DFlash block
-backbone (heads/dflash.py) plus two small heads.
+backbone (heads/block.py) plus two small heads.
 
 - Markov head: a low-rank logit bias B = W2 W1[prev] added to each slot's logits, where prev is the
   token before the slot (the anchor for slot 0, then the token drafted at the previous slot). The
@@ -29,7 +29,7 @@ from torch import nn
 from draftsmith.core.errors import UserError
 from draftsmith.core.sampling import sample
 from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
-from draftsmith.heads.dflash import BlockConfig, BlockDrafting, BlockProposer, slot_metrics
+from draftsmith.heads.block import BlockConfig, BlockDrafting, BlockProposer, slot_metrics
 
 
 class MarkovHead(nn.Module):
@@ -65,7 +65,7 @@ class DSparkDrafter(BlockDrafting, Drafter):
 
     @dataclass
     class Config(BlockConfig):
-        """DFlash's block options (dflash.BlockConfig) with DSpark's defaults and its two heads."""
+        """DFlash's block options (block.BlockConfig) with DSpark's defaults and its two heads."""
 
         # Tokens per block; every slot predicts (DeepSpec ships block 7), so one forward drafts block_size.
         block_size: int = 7

@@ -32,6 +32,7 @@ from draftsmith.core.errors import UserError
 from draftsmith.core.sampling import logits_to_probs, sample
 from draftsmith.heads import vocab_loss
 from draftsmith.heads.base import DRAFTERS, Draft, Drafter, StepOutput, range_problems
+from draftsmith.heads.block import BlockDrafting
 from draftsmith.heads.draft_layer import DraftDecoderLayer, KVCache, draft_layer_config, rotary
 from draftsmith.heads.shared import (
     aux_layer_problems,
@@ -106,8 +107,6 @@ class PEagleDrafter(Drafter):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_target(cls, cfg, target, token_counts=None) -> "PEagleDrafter":
-        from draftsmith.heads.dflash import DFlashDrafter
-
         if cfg.num_depths < 1:
             raise UserError(f"drafter.num_depths {cfg.num_depths}: needs >= 1")
         if not 0 < cfg.down_sample_ratio_min <= cfg.down_sample_ratio <= 1:
@@ -118,7 +117,7 @@ class PEagleDrafter(Drafter):
                                        sliding_window=cfg.sliding_window)
         V = target.vocab_size
         d2t, t2d = draft_vocabulary(cfg.draft_vocab_size, V, token_counts)
-        mask = DFlashDrafter.resolve_mask_token(cfg, target)
+        mask = BlockDrafting.resolve_mask_token(cfg, target)
         drafter = cls(cfg, layer_cfg, aux, d2t.shape[0], V, mask)
         with torch.no_grad():
             drafter.d2t.copy_(d2t)

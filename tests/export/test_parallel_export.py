@@ -127,7 +127,7 @@ def _draftsmith_block(d, aux, ids, n):
 
 
 def _draftsmith_hidden(d, aux, ids, n):
-    from draftsmith.heads.dflash import BlockProposer
+    from draftsmith.heads.block import BlockProposer
 
     prop = BlockProposer(d, type("T", (), {"vocab_size": d.t2d.shape[0]})())
     prop.begin(ids[0, :n])

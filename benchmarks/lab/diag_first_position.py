@@ -7,7 +7,7 @@ target's own greedy continuation either way (the loop is lossless), so both are 
 same token. Per workload it prints the 2 x 2 table of rounds (drafter right / wrong x n-gram right /
 wrong / no n-gram match) and writes it as JSON.
 
-    OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/diag_first_position.py \
+    OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/lab/diag_first_position.py \
         runs/eagle3-gemma3-270m-regen/final --num-prompts 5 --max-new-tokens 64 --out /tmp/first.json
 
 "Copyable" rounds (n-gram right) that the drafter misses say it has not learned to copy from its

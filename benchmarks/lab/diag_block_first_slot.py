@@ -1,11 +1,11 @@
 """Diagnostic (issue 21 item 2): a drafter's first-slot accuracy teacher-forced against its
 first-position acceptance in the real loop, on the same held-out prompts and the same tokens.
 
-    python benchmarks/diag_block_first_slot.py KIND STEPS [key=value ...]
-    OMP_NUM_THREADS=1 python benchmarks/diag_block_first_slot.py dflash 300 train.lr=3e-3 train.warmup_steps=0 \
+    python benchmarks/lab/diag_block_first_slot.py KIND STEPS [key=value ...]
+    OMP_NUM_THREADS=1 python benchmarks/lab/diag_block_first_slot.py dflash 300 train.lr=3e-3 train.warmup_steps=0 \
         train.min_lr_ratio=1.0
-    DIAG_QK=identity python benchmarks/diag_block_first_slot.py dflash 300   # ablation: no q_norm / k_norm
-    DIAG_FEED=prev python benchmarks/diag_block_first_slot.py dflash 300     # oracle: feature p-1 in every slot
+    DIAG_QK=identity python benchmarks/lab/diag_block_first_slot.py dflash 300   # ablation: no q_norm / k_norm
+    DIAG_FEED=prev python benchmarks/lab/diag_block_first_slot.py dflash 300     # oracle: feature p-1 in every slot
 
 1. train recipes/debug/KIND-stories260k.yaml for STEPS steps into runs/diag/TAG (answers regenerated once
    into runs/regen/regenerated.jsonl and shared by every kind); a finished run is reused;
@@ -16,7 +16,7 @@ first-position acceptance in the real loop, on the same held-out prompts and the
    block forward at exactly the loop's anchors, compared token for token with the loop's first draft.
 Prints the held-out training metrics (last eval), the loop's per-position acceptance, pooled tau
 (committed / rounds) and these comparisons; writes runs/diag/TAG/diag.json. The DIAG_* patches are
-ablations for diagnosis only (they monkeypatch heads/dflash.py in this process, training and loop alike).
+ablations for diagnosis only (they monkeypatch heads/block.py in this process, training and loop alike).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from draftsmith import config  # noqa: E402
@@ -60,15 +60,15 @@ def patch_qk_norm():
 
     from torch import nn
 
-    from draftsmith.heads import dflash
+    from draftsmith.heads import block as block_family
     if os.environ.get("DIAG_QK") != "identity":
         return ""
-    init = dflash.BlockAttention.__init__
+    init = block_family.BlockAttention.__init__
 
     def patched(self, config):
         init(self, config)
         self.q_norm, self.k_norm = nn.Identity(), nn.Identity()
-    dflash.BlockAttention.__init__ = patched
+    block_family.BlockAttention.__init__ = patched
     return "-noqknorm"
 
 
@@ -78,10 +78,10 @@ def patch_feed_prev():
     the first slot no longer has to FIND that feature by attention."""
     import os
 
-    from draftsmith.heads import dflash
+    from draftsmith.heads import block as block_family
     if os.environ.get("DIAG_FEED") != "prev":
         return ""
-    BD, BP = dflash.BlockDrafting, dflash.BlockProposer
+    BD, BP = block_family.BlockDrafting, block_family.BlockProposer
     orig_block_hidden = BD.block_hidden
 
     def block_hidden(self, block_ids, block_pos, ctx_kv, mask=None):

@@ -3,11 +3,11 @@
 Mean attention weight of the slot-1 query, per layer and head, on: slot 0 (the anchor token x_p),
 context position p-1 (the newest target feature: what an EAGLE-3 head gets in its residual), the whole
 context; and the spread (max - min) of its attention logits; over every anchor of the last 16
-regenerated Alpaca rows. Needs a run of benchmarks/diag_block_first_slot.py (its checkpoint and
+regenerated Alpaca rows. Needs a run of benchmarks/lab/diag_block_first_slot.py (its checkpoint and
 runs/regen/regenerated.jsonl):
 
-    python benchmarks/diag_block_attention.py runs/diag/dflash-300
-    DIAG_QK=identity python benchmarks/diag_block_attention.py runs/diag/dflash-300-noqknorm
+    python benchmarks/lab/diag_block_attention.py runs/diag/dflash-300
+    DIAG_QK=identity python benchmarks/lab/diag_block_attention.py runs/diag/dflash-300-noqknorm
 """
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks" / "lab"))
 
 from diag_block_first_slot import patch_qk_norm  # noqa: E402
 

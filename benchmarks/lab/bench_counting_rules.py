@@ -7,7 +7,7 @@ SAME generations:
   alpha every verified draft counted (old)         vs drafts after an EOS not counted (new)
 Timings are not involved (the repeats/median rule changes only speed numbers).
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_counting_rules.py --kinds eagle1,medusa,mlp_speculator,draft_lm
+    OMP_NUM_THREADS=1 python benchmarks/lab/bench_counting_rules.py --kinds eagle1,medusa,mlp_speculator,draft_lm
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 

@@ -2,7 +2,7 @@
 the same prompt, and how close the draft's top-2 logits were wherever the two differ (a near tie that
 the two f32 implementations break differently, or a real difference in what is computed).
 
-    python benchmarks/diag_llamacpp_rounds.py runs/dflash-stories260k/final exported/llamacpp-dflash \
+    python benchmarks/lab/diag_llamacpp_rounds.py runs/dflash-stories260k/final exported/llamacpp-dflash \
         --workload mt_bench --ids mt_bench-81,mt_bench-121 --k 5 [--f32-cache]
 
 llama-server runs with LLAMA_TRACE=1 and -v, whose log prints each drafted slot's top-3 candidates
