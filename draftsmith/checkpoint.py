@@ -72,11 +72,9 @@ def write_dir_atomically(final_dir: Path, fill, tmp: Path | None = None, marker:
 
 
 def drafter_meta(drafter, target, step: int) -> dict:
-    import dataclasses
-
     return {
         "kind": drafter.kind,
-        "options": dataclasses.asdict(drafter.cfg),
+        "options": config_mod.options_mapping(drafter.cfg),
         "feature_layers": drafter.feature_layers(),
         "target": target.identity(),
         "step": step,

@@ -168,11 +168,17 @@ class RegenerateConfig:
     api: Literal["chat", "completions"] = "chat"
 
 
+def _default_kind() -> str:
+    from draftsmith.heads import DEFAULT_KIND  # local import: heads import torch
+
+    return DEFAULT_KIND
+
+
 @dataclass
 class DrafterConfig:
-    # The drafter kind (registered in draftsmith/heads); its own options are validated
-    # against that kind's Config dataclass and kept in `options`.
-    kind: str = "eagle3"
+    # The drafter kind (registered in draftsmith/heads; default: heads.DEFAULT_KIND); its own options are
+    # typed by that kind's Config dataclass (typed_drafter_options) and kept here as that Config's mapping.
+    kind: str = field(default_factory=_default_kind)
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -341,17 +347,24 @@ def _split_drafter(raw: dict) -> None:
         section["options"] = options
 
 
-def _validate_drafter(cfg: RecipeConfig, problems: list[str]) -> None:
+def typed_drafter_options(kind: str, options: Any) -> tuple[Any, list[str], list[str]]:
+    """The one path from a recipe's drafter options to the kind's typed Config (heads/<kind>.py):
+    -> (Config instance, type problems, range problems). The Config's mapping is what config.yaml saves
+    (options_mapping); parsing, validation, training, checkpoints and exports all build it here."""
     from draftsmith.heads import DRAFTERS  # local import: heads import torch
 
     try:
-        drafter_cls = DRAFTERS.get(cfg.drafter.kind)
+        drafter_cls = DRAFTERS.get(kind)
     except KeyError as exc:
-        problems.append(f"drafter.kind: {exc.args[0]}")
-        return
-    options, sub = build_dataclass(drafter_cls.Config, cfg.drafter.options, "drafter")
-    problems.extend(sub)
-    cfg.drafter.options = dataclasses.asdict(options)
+        return None, [f"drafter.kind: {exc.args[0]}"], []
+    typed, problems = build_dataclass(drafter_cls.Config, options, "drafter")
+    ranges = typed.problems() if not problems and hasattr(typed, "problems") else []
+    return typed, problems, ranges
+
+
+def options_mapping(typed: Any) -> dict:
+    """A drafter Config as saved (config.yaml's drafter.options, drafter.json's options)."""
+    return dataclasses.asdict(typed)
 
 
 def from_dict(raw: dict, source: str = "recipe", overrides: list[str] | None = None) -> RecipeConfig:
@@ -365,12 +378,16 @@ def from_dict(raw: dict, source: str = "recipe", overrides: list[str] | None = N
         apply_override(raw, assignment)
     _split_drafter(raw)
     cfg, problems = build_dataclass(RecipeConfig, raw)
+    drafter_ranges: list[str] = []
     if isinstance(cfg.drafter.kind, str) and isinstance(cfg.drafter.options, dict):
-        _validate_drafter(cfg, problems)
+        typed, sub, drafter_ranges = typed_drafter_options(cfg.drafter.kind, cfg.drafter.options)
+        problems.extend(sub)
+        if typed is not None:
+            cfg.drafter.options = options_mapping(typed)
     if not problems:  # value checks need well-typed values
         problems.extend(_semantic_checks(cfg))
         problems.extend(_range_checks(cfg))
-        problems.extend(_drafter_range_checks(cfg))
+        problems.extend(drafter_ranges)
     if problems:
         raise ConfigError(source, problems)
     return cfg
@@ -395,14 +412,6 @@ def _semantic_checks(cfg: RecipeConfig) -> list[str]:
         problems.append(f"data.pack_length: {cfg.data.pack_length} is below data.max_length ({cfg.data.max_length}); "
                         "raise it to at least max_length (e.g. 4 * max_length) or set it to null")
     return problems
-
-
-def _drafter_range_checks(cfg: RecipeConfig) -> list[str]:
-    """The drafter kind's own ranges (heads/<kind>.py, Config.problems)."""
-    from draftsmith.heads import DRAFTERS
-
-    options, _ = build_dataclass(DRAFTERS.get(cfg.drafter.kind).Config, cfg.drafter.options, "drafter")
-    return options.problems() if hasattr(options, "problems") else []
 
 
 # Bounds past which a value means nothing (a NaN checkpoint, or memory no machine has).
@@ -479,11 +488,7 @@ def to_yaml(cfg: Any) -> str:
 
 def drafter_options(cfg: RecipeConfig) -> Any:
     """The drafter's own Config instance (validated) for this recipe."""
-    from draftsmith.heads import DRAFTERS
-
-    options, problems = build_dataclass(DRAFTERS.get(cfg.drafter.kind).Config, cfg.drafter.options, "drafter")
-    if not problems and hasattr(options, "problems"):
-        problems = options.problems()
-    if problems:
-        raise ConfigError("drafter", problems)
-    return options
+    typed, problems, ranges = typed_drafter_options(cfg.drafter.kind, cfg.drafter.options)
+    if problems or ranges:
+        raise ConfigError("drafter", problems or ranges)
+    return typed

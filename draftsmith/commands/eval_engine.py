@@ -4,12 +4,21 @@ eval/engine.py; this module runs both sides, so it sits above eval/ and export/)
     draftsmith eval runs/eagle3-stories260k/final --engine llama.cpp --workloads mt_bench --k 3 \
         [--engine-export exported/llamacpp] [--target-gguf F.gguf] [--engine-threads 2]
 
-draftsmith/cli.py hands `eval --engine` here; the flags are defined in eval/cli.py.
+draftsmith/cli.py hands `eval --engine` here; the flags are EvalOptions' (eval_options.py), and the results'
+identity and config are built by eval_results.py, as for `draftsmith eval`.
 """
 from __future__ import annotations
 
+import dataclasses
+import sys
+import tempfile
 from pathlib import Path
 
+import torch
+
+from draftsmith.commands.eval_options import EvalOptions
+from draftsmith.commands.eval_results import checkpoint_identity, command_line, results_config, write_results
+from draftsmith.eval import proposers, results, workloads
 from draftsmith.eval.engine import TOLERANCE, compare_workload, draftsmith_side, engine_request, gguf_problems
 from draftsmith.export.llamacpp_block import BLOCK_KINDS, ENGINE_DRAFTER_OPTIONS, gguf_block_problems
 from draftsmith.report.parity import parity_lines
@@ -90,17 +99,15 @@ def engine_files(args, loaded, work: Path) -> dict:
 
 
 def main(args) -> int:
+    """`draftsmith eval CKPT --engine llama.cpp` (args: the parsed flags, or an EvalOptions); 1 when
+    --check-lossless finds llama.cpp's output with the drafter differing from its output without."""
+    return run(args if isinstance(args, EvalOptions) else EvalOptions.from_args(args))
+
+
+def run(args: EvalOptions) -> int:
     """Run both sides per workload, print the comparison, write the results JSON (`engine` keys)."""
-    import datetime as _dt
-    import shlex
-    import sys
-    import tempfile
-
-    import torch
-
     from draftsmith.checkpoint import load_drafter
     from draftsmith.core.errors import UserError
-    from draftsmith.eval import proposers, results, workloads
     from draftsmith.export.llamacpp import check_k, refusal
     from draftsmith.export.llamacpp_tools import find_llama_cpp
 
@@ -119,62 +126,65 @@ def main(args) -> int:
         prompt_format = workloads.training_prompt_format(recipe, target.tokenizer)
     names = workloads.expand([w.strip() for w in args.workloads.split(",") if w.strip()])
     proposer = proposers.from_drafter(drafter, target)
-    limit = getattr(target.config, "max_position_embeddings", None)
-    max_prompt = None if limit is None else limit - args.max_new_tokens
     torch.manual_seed(args.seed)
-    per_workload, printed = {}, []
     with tempfile.TemporaryDirectory(prefix="draftsmith-engine-") as work:
         files = engine_files(args, loaded, Path(work))
         problems = gguf_problems(Path(files["draft"]), drafter)
         if drafter.kind in BLOCK_KINDS:
             problems += gguf_block_problems(Path(files["draft"]), drafter)
-        for name in names:
-            items = workloads.load(name, args.data_dir, args.num_prompts or None)
-            encoded = [workloads.encode(item, target.tokenizer, prompt_format, max_prompt) for item in items]
-            prompts = [ids for ids, _ in encoded]
-            print(f"[eval --engine llama.cpp] {name}: {len(prompts)} prompts, k={args.k}, "
-                  f"{args.max_new_tokens} tokens each (greedy, EOS ignored) ...", flush=True)
-            ds_requests, ds_base = draftsmith_side(target, proposer, prompts, args.k, args.max_new_tokens)
-            spec, base = engine_side(tools, files, prompts, args.k, args.max_new_tokens, args.engine_threads)
-            section, aggregate = compare_workload(ds_requests, ds_base, spec, base, args.k, problems)
-            mismatches = []
-            for item, r, (_, truncated) in zip(items, ds_requests, encoded):
-                r.pop("_costs", None)
-                r["id"], r["prompt_truncated"] = item["id"], truncated
-                mismatch = r.pop("_mismatch")
-                if mismatch:
-                    mismatches.append({"id": item["id"], **mismatch})
-            per_workload[name] = {"num_requests": len(prompts), "num_truncated_prompts": sum(t for _, t in encoded),
-                                  "aggregate": aggregate, "lossless_mismatches": mismatches, "requests": ds_requests,
-                                  "engine": section}
-            printed += parity_lines(name, section)
-    config = {"k": args.k, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_new_tokens": args.max_new_tokens,
-              "num_prompts": args.num_prompts, "seed": args.seed, "warmup": 1, "repeats": 1,
-              "dtype": str(target.dtype).removeprefix("torch."), "device": str(target.device), "verification": "greedy",
-              "lossless_rule": True, "prompt_format": prompt_format, "eos_ids": [], "eos_ignored": True,
-              "workloads": names, "first_turn_only": True, "tree": None, "verify_budget": args.k, "tree_budget": None,
-              "batch_sizes": [], "recipe": recipe,
-              "engine": {"name": "llama.cpp", "version": tools.version(), "server": str(tools.server),
-                         "spec_type": files["spec_type"], "threads": args.engine_threads,
-                         "draft_gguf": files["draft"], "target_gguf": files["target"],
-                         "gguf_problems": problems, "draftsmith_drafter_options": applied}}
-    identity = {"kind": drafter.kind, "name": Path(args.path).resolve().parent.name, "path": str(args.path),
-                "fingerprint": results.module_fingerprint(drafter, drafter.state_dict_for_export()),
-                "num_params": sum(t.numel() for t in drafter.state_dict_for_export().values()),
-                "trainable_params": sum(p.numel() for p in drafter.trainable_parameters()), "training_log": None}
-    command = "draftsmith eval " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["eval"] else \
-        "draftsmith eval --engine llama.cpp (function call)"
-    out = results.build(command, config, target.identity(), identity, target.device, per_workload, True)
+        per_workload = {name: compare_on_workload(args, tools, files, target, proposer, name, prompt_format, problems)
+                        for name in names}
+    config = engine_results_config(args, target, prompt_format, names, recipe)
+    config["engine"] = {"name": "llama.cpp", "version": tools.version(), "server": str(tools.server),
+                        "spec_type": files["spec_type"], "threads": args.engine_threads,
+                        "draft_gguf": files["draft"], "target_gguf": files["target"],
+                        "gguf_problems": problems, "draftsmith_drafter_options": applied}
+    identity = checkpoint_identity(loaded, args.path)
+    out = results.build(command_line("draftsmith eval --engine llama.cpp (function call)"), config, target.identity(),
+                        identity, target.device, per_workload, True)
     print(f"train-to-serve parity ({drafter.kind} on {target.identity().get('name')}, k={args.k}, greedy, "
           f"{args.max_new_tokens} tokens; llama.cpp {files['spec_type']}, tolerance {TOLERANCE:.0%}):")
-    for line in printed:
-        print(line)
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = args.out or Path("results") / f"{drafter.kind}-k{args.k}-llamacpp-{stamp}.json"
-    print(f"[eval] results written to {results.write(out, path)}")
+    for name, section in per_workload.items():
+        for line in parity_lines(name, section["engine"]):
+            print(line)
+    write_results(out, args.out, f"{drafter.kind}-k{args.k}-llamacpp")
     unequal = [n for n, w in per_workload.items() if w["engine"]["output_equals_target_only"] != w["num_requests"]]
     if args.check_lossless and unequal:
         print(f"[eval] --check-lossless FAILED: llama.cpp's output with the drafter differs from its output without "
               f"on {', '.join(unequal)}", file=sys.stderr)
         return 1
     return 0
+
+
+def engine_results_config(args: EvalOptions, target, prompt_format: str, names: list, recipe) -> dict:
+    """The results `config` of an engine comparison: eval's, under the settings both sides run (greedy, batch 1,
+    one untimed warm-up and one timed request per prompt, EOS ignored, verification in the weights' dtype)."""
+    compared = dataclasses.replace(args, temperature=0.0, top_k=0, top_p=1.0, warmup=1, repeats=1, verify_dtype=None)
+    config = results_config(compared, weights_dtype=str(target.dtype).removeprefix("torch."), device=str(target.device),
+                            eos_ids=[], prompt_format=prompt_format, names=names, recipe=recipe)
+    config["eos_ignored"] = True
+    return config
+
+
+def compare_on_workload(args: EvalOptions, tools, files: dict, target, proposer, name: str, prompt_format: str,
+                        problems: list) -> dict:
+    """One workload through draftsmith's loop and llama.cpp's servers: its results section (`engine` inside)."""
+    limit = getattr(target.config, "max_position_embeddings", None)
+    max_prompt = None if limit is None else limit - args.max_new_tokens
+    items = workloads.load(name, args.data_dir, args.num_prompts or None)
+    encoded = [workloads.encode(item, target.tokenizer, prompt_format, max_prompt) for item in items]
+    prompts = [ids for ids, _ in encoded]
+    print(f"[eval --engine llama.cpp] {name}: {len(prompts)} prompts, k={args.k}, "
+          f"{args.max_new_tokens} tokens each (greedy, EOS ignored) ...", flush=True)
+    ds_requests, ds_base = draftsmith_side(target, proposer, prompts, args.k, args.max_new_tokens)
+    spec, base = engine_side(tools, files, prompts, args.k, args.max_new_tokens, args.engine_threads)
+    section, aggregate = compare_workload(ds_requests, ds_base, spec, base, args.k, problems)
+    mismatches = []
+    for item, r, (_, truncated) in zip(items, ds_requests, encoded):
+        r.pop("_costs", None)
+        r["id"], r["prompt_truncated"] = item["id"], truncated
+        mismatch = r.pop("_mismatch")
+        if mismatch:
+            mismatches.append({"id": item["id"], **mismatch})
+    return {"num_requests": len(prompts), "num_truncated_prompts": sum(t for _, t in encoded),
+            "aggregate": aggregate, "lossless_mismatches": mismatches, "requests": ds_requests, "engine": section}

@@ -6,6 +6,15 @@ from draftsmith.core.errors import UserError
 from draftsmith.heads import dflash, dflash2, draft_lm, dspark, eagle1, eagle3, medusa, mlp_speculator, peagle  # noqa: F401
 from draftsmith.heads.base import DRAFTERS
 
+# The kind a recipe trains when it names none (config.DrafterConfig.kind).
+DEFAULT_KIND = eagle3.Eagle3Drafter.kind
+
+
+def draft_model_kind() -> str:
+    """The kind that runs any causal LM sharing the target's tokenizer as a drafter (`eval --draft-model`)."""
+    (kind,) = [name for name in DRAFTERS.names() if DRAFTERS.get(name).is_draft_model]
+    return kind
+
 
 def refusals(config, kind: str) -> list[str]:
     """Why drafter kind `kind` cannot serve a target of transformers `config`; [] when it can. Each reason

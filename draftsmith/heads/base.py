@@ -138,6 +138,9 @@ class Drafter(nn.Module):
     # True when the drafter runs its own attention layer with the target's rope (archs.draft_rope): a rope
     # type that layer does not implement refuses the kind (refusals()).
     uses_draft_rope: ClassVar[bool] = False
+    # True when the drafter is a whole causal LM sharing the target's tokenizer: `draftsmith eval --draft-model`
+    # runs any such model (untrained by draftsmith) as this kind (heads.draft_model_kind()).
+    is_draft_model: ClassVar[bool] = False
     # Small options for the architecture matrix (matrix.py) and other smoke runs: one cell trains, drafts
     # and exports in well under a second on one CPU thread.
     tiny_options: ClassVar[dict] = {}

@@ -43,6 +43,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 @DRAFTERS.register("draft_lm")
 class DraftLMDrafter(Drafter):
     kind = "draft_lm"
+    is_draft_model = True
     tiny_options = {"init": "shrink", "shrink_layers": 1}
     export_layouts = {"hf": "draft_lm"}
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "target_logits"})

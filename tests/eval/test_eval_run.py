@@ -1,5 +1,5 @@
-"""Typed functions under the CLIs (issue 18): `draftsmith eval` is eval.cli.run(EvalOptions) and
-`draftsmith profile` (commands/profile.py) is eval.profile.run(path, ...); the commands only build their arguments from
+"""Typed functions under the CLIs (issue 18): `draftsmith eval` is commands.eval.run(EvalOptions) and
+`draftsmith profile` is eval.profile.run(path, ...); the commands only build their arguments from
 argparse. The typed defaults must be the flags' defaults."""
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def test_eval_options_carry_every_flag_with_its_default():
 
 
 def test_profile_run_defaults_are_the_flags_defaults():
-    flags = parser_defaults(profile_cli)
+    flags = parser_defaults(profile_cli)  # the flags live in the command, run in eval/profile.py
     sig = inspect.signature(profile.run).parameters
     ints = {"batches": flags["batches"], "contexts": flags["contexts"]}
     for name, text in ints.items():
