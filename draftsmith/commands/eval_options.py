@@ -92,7 +92,7 @@ class EvalOptions:
     # `draftsmith eval --engine` runs commands/eval_engine.py, which runs draftsmith's side and the engine's
     engine: Optional[str] = flag(None, choices=["llama.cpp"],
                                  help="train-to-serve parity: also serve the drafter in this engine on the same prompts "
-                                      "(cli_engine.py)")
+                                      "(commands/eval_engine.py)")
     engine_export: Optional[str] = flag(None, metavar="DIR", help="--engine: a `draftsmith export --to llama.cpp` "
                                                                   "directory (default: export into a temp dir)")
     target_gguf: Optional[str] = flag(None, help="--engine: the target's GGUF (default: converted by the export)")
