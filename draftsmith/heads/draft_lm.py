@@ -44,7 +44,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class DraftLMDrafter(Drafter):
     kind = "draft_lm"
     tiny_options = {"init": "shrink", "shrink_layers": 1}
-    export_layouts = {"hf": "draft_lm"}
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "target_logits"})
 
     @dataclass
