@@ -32,7 +32,6 @@ from draftsmith.export import EXPORTERS, can_export, refusals
 from draftsmith.export import formats_for as export_formats_for
 from draftsmith.heads import DRAFTERS
 
-
 NOT_RUN = "not run: checked by its engine's own program, not in-process (the format's round-trip tests run it)"
 
 
