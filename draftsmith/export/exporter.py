@@ -9,8 +9,8 @@ from typing import ClassVar
 import torch
 
 from draftsmith.core.errors import UserError
+from draftsmith.export import validate as validation
 from draftsmith.export.common import ExportFiles, ExportOptions, Layout, TensorSpec, layouts, not_taken, num_tokens
-from draftsmith.export.validate import validate_export
 
 
 class Exporter:
@@ -50,7 +50,7 @@ class Exporter:
         """Check the files as written in `export_dir` (export/validate.py: names, shapes, rope, verifier, the
         round trip); raises ExportValidationError; the report. Formats checked by an engine override it."""
         k = num_tokens(loaded, opts, files.sidecar.get("num_speculative_tokens") or 5)
-        return validate_export(export_dir, self, loaded, opts, k)
+        return validation.validate_export(export_dir, self, loaded, opts, k)  # looked up per call (tests patch it)
 
     def summary(self, checkpoint, result) -> list[str]:
         """The lines `draftsmith export` prints before the serve command."""

@@ -1,6 +1,6 @@
 """vLLM (speculators format) for the parallel drafters: DFlash and DSpark (block drafters), P-EAGLE.
-Three layouts registered under vllm: block (DFlash), dspark (block + its Markov and confidence heads)
-and peagle; the EAGLE-3 / Medusa / MLP layouts are in vllm.py.
+Three layouts registered under vllm by kind: DFlash's (the block layout), DSpark's (the block layout + its
+Markov and confidence heads) and P-EAGLE's; the EAGLE-3 / Medusa / MLP layouts are in vllm.py.
 
 Read from speculators 0.9.0 (models/dflash/config.py, core.py; models/dspark/config.py, core.py):
   config.json  speculators_model_type "dflash" | "dspark", architectures ["DFlashSpeculator"] |
