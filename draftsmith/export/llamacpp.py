@@ -237,6 +237,9 @@ class LlamaCppExporter(Exporter):
     checked_in_process = False  # llama-server checks it (tests/export/test_llamacpp_roundtrip.py)
     copies_profile = False  # the serve command carries k (--spec-draft-n-max); no profile is copied
 
+    def build(self, loaded, opts: ExportOptions, out_dir: Path, checkpoint=None) -> ExportFiles:
+        return self.layout(loaded.drafter.kind).build(loaded, opts, out_dir, checkpoint)  # the sidecar names it
+
     def check_options(self, opts: ExportOptions) -> None:
         if opts.engine_version:
             raise UserError("--engine-version applies to --to vllm and --to sglang, not --to llama.cpp (the llama.cpp "
