@@ -19,8 +19,8 @@ import torch
 from draftsmith.commands.eval_options import EvalOptions
 from draftsmith.commands.eval_results import checkpoint_identity, command_line, results_config, write_results
 from draftsmith.eval import proposers, results, workloads
-from draftsmith.eval.engine import TOLERANCE, compare_workload, draftsmith_side, engine_request, gguf_problems
-from draftsmith.export.llamacpp_block import BLOCK_KINDS, ENGINE_DRAFTER_OPTIONS, gguf_block_problems
+from draftsmith.eval.engine import TOLERANCE, compare_workload, draftsmith_side, engine_request
+from draftsmith.export.llamacpp import engine_drafter_options, gguf_problems
 from draftsmith.report.parity import parity_lines
 
 
@@ -47,9 +47,9 @@ def engine_side(tools, files: dict, prompts: list, k: int, max_new_tokens: int, 
 
 def apply_engine_rules(drafter) -> dict:
     """Set the drafter options under which draftsmith's loop applies the rule llama.cpp applies
-    (llamacpp_block.ENGINE_DRAFTER_OPTIONS: DSpark's whole block, as --spec-draft-p-min 0); what changed."""
+    (the llama.cpp layout's engine_drafter_options: DSpark's whole block, as --spec-draft-p-min 0); what changed."""
     changed = {}
-    for option, value in ENGINE_DRAFTER_OPTIONS.get(drafter.kind, {}).items():
+    for option, value in engine_drafter_options(drafter.kind).items():
         before = getattr(drafter.cfg, option)
         if before != value:
             setattr(drafter.cfg, option, value)
@@ -129,9 +129,7 @@ def run(args: EvalOptions) -> int:
     torch.manual_seed(args.seed)
     with tempfile.TemporaryDirectory(prefix="draftsmith-engine-") as work:
         files = engine_files(args, loaded, Path(work))
-        problems = gguf_problems(Path(files["draft"]), drafter)
-        if drafter.kind in BLOCK_KINDS:
-            problems += gguf_block_problems(Path(files["draft"]), drafter)
+        problems = gguf_problems(Path(files["draft"]), drafter)  # what llama.cpp reads differently
         per_workload = {name: compare_on_workload(args, tools, files, target, proposer, name, prompt_format, problems)
                         for name in names}
     config = engine_results_config(args, target, prompt_format, names, recipe)

@@ -15,8 +15,10 @@ from draftsmith.export.common import DTYPES, ExportOptions, ExportValidationErro
 
 
 def add_arguments(parser) -> None:
+    from draftsmith.export import EXPORTERS
+
     parser.add_argument("checkpoint", help="a draftsmith checkpoint directory, e.g. runs/NAME/final")
-    parser.add_argument("--to", required=True, choices=["vllm", "sglang", "trtllm", "hf", "llama.cpp"],
+    parser.add_argument("--to", required=True, choices=EXPORTERS.names(),
                         help="engine format (llama.cpp: GGUF files, export/llamacpp.py)")
     parser.add_argument("--out", required=True, help="output directory (built elsewhere, moved in when valid)")
     parser.add_argument("--dtype", choices=list(DTYPES), default=None, help="weights dtype (default: the checkpoint's; sglang, trtllm: the target's)")
@@ -43,32 +45,22 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
+    from draftsmith.export import EXPORTERS
     from draftsmith.export.api import export
-
-    if args.to == "llama.cpp":
-        if args.engine_version:
-            print("draftsmith export: --engine-version applies to --to vllm and --to sglang, not --to llama.cpp "
-                  "(the llama.cpp export is checked by loading it in the pinned llama-server)", file=sys.stderr)
-            return 2
-        from draftsmith.export.llamacpp import main as llamacpp_main
-
-        return llamacpp_main(args)
-    if args.target_gguf:
-        print(f"draftsmith export: --target-gguf applies to --to llama.cpp, not --to {args.to}", file=sys.stderr)
-        return 2
 
     opts = ExportOptions(dtype=args.dtype, num_speculative_tokens=args.num_speculative_tokens, verifier=args.verifier,
                          max_model_len=args.max_model_len, engine_version=args.engine_version,
                          adaptive_verification=not args.no_adaptive_verification,
-                         dspark_draft_topk=args.dspark_draft_topk)
+                         dspark_draft_topk=args.dspark_draft_topk, target_gguf=args.target_gguf)
     try:
         result = export(args.checkpoint, args.to, args.out, opts, validate=not args.no_validate,
                         overwrite=args.overwrite, trust_remote_code=args.trust_remote_code)
-    except (ExportValidationError, FileExistsError, FileNotFoundError, ValueError) as exc:
-        print(f"draftsmith export: {exc}", file=sys.stderr)
+    except (ExportValidationError, FileExistsError, FileNotFoundError, ValueError, OSError) as exc:
+        several = isinstance(exc, ExportValidationError) and len(exc.problems) > 1  # one problem a line
+        print(f"draftsmith export: {exc if several else ' '.join(str(exc).split())}", file=sys.stderr)
         return 2
-    state = f"validated: {result.report.get('round_trip')}" if result.report else "NOT validated (--no-validate)"
-    print(f"exported {args.checkpoint} -> {result.out_dir} ({args.to}; {state})")
+    for line in EXPORTERS.get(args.to)().summary(args.checkpoint, result):
+        print(line)
     print("serve it with:")
     print(f"  {result.serve_command}")
     return 0

@@ -11,8 +11,8 @@ the draft layer's), architecture features (embedding scale, soft-capping, window
 chat template yes/no, EOS ids, EAGLE-3's default aux layers, offline-cache bytes per token for
 each cache dtype, whether a cached multi-token forward works (cache_check: a small fp32 copy of the
 architecture, k tokens at once against k one at a time), and the drafter kinds and export formats
-that work for it (export.refusals: the kind's class and each format's layout answer; every
-registered kind is listed).
+that work for it (export.can_export: the kind's class, each format's layouts and engine releases
+answer; every registered kind and format is listed).
 Exits 1 with the reasons when the target is unsupported (no kind works, or --kind is refused).
 `draftsmith train` runs the same checks (check_for_training) before it loads any data.
 """
@@ -101,15 +101,14 @@ def eos_ids(config, model, tokenizer) -> list[int]:
 
 
 def support(config) -> dict[str, dict]:
-    """kind -> {"refusals": [...], "formats": {fmt: [refusals]}} for every drafter kind."""
-    from draftsmith.export import formats_for, refusals
+    """kind -> {"refusals": [...], "formats": {fmt: [refusals]}} for every drafter kind (export.can_export)."""
+    from draftsmith.export import can_export, formats_for, refusals
     from draftsmith.heads import DRAFTERS
 
     out = {}
     for kind in DRAFTERS.names():
-        reasons = refusals(config, kind)
-        formats = {fmt: refusals(config, kind, fmt) for fmt in formats_for(kind)}
-        out[kind] = {"refusals": reasons, "formats": {f: r for f, r in formats.items()}}
+        formats = {fmt: can_export(kind, fmt, None, config) for fmt in formats_for(kind)}
+        out[kind] = {"refusals": refusals(config, kind), "formats": formats}
     return out
 
 

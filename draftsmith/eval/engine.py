@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from pathlib import Path
 
 from draftsmith.core.errors import UserError
 
@@ -87,26 +86,6 @@ def verdict(draftsmith_tau: float, engine_tau: float, prompt_lengths_match: bool
     if not causes:  # the target side checks out: the drafter is read differently
         causes.extend(CAUSES_DRAFTER)
     return {"gap": gap, "verdict": "disagree", "likely_causes": causes}
-
-
-def gguf_problems(draft_gguf: Path, drafter) -> list[str]:
-    """The draft GGUF's EAGLE-3 metadata against the trained drafter's options (via the gguf package)."""
-    if drafter.kind != "eagle3":
-        return []
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(draft_gguf))
-    fields = {name: f.contents() for name, f in reader.fields.items() if name.startswith("eagle3.")}
-    problems = []
-    layers = next((v for k, v in fields.items() if k.endswith(".target_layers") or k.endswith(".extract_layers")), None)
-    if layers is not None and list(layers) != list(drafter.aux_layer_ids):
-        problems.append(f"aux ids: the draft GGUF extracts target layers {list(layers)}, the drafter was trained on "
-                        f"{list(drafter.aux_layer_ids)}")
-    nbr = fields.get("eagle3.norm_before_residual")
-    if nbr is not None and bool(nbr) != bool(drafter.cfg.norm_before_residual):
-        problems.append(f"norms: the draft GGUF has norm_before_residual={bool(nbr)}, the drafter was trained with "
-                        f"{bool(drafter.cfg.norm_before_residual)}")
-    return problems
 
 
 def spread(values: list[float]) -> dict:

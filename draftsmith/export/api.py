@@ -11,14 +11,14 @@ import dataclasses
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from safetensors.torch import save_file
 
 from draftsmith.core.errors import UserError
 from draftsmith.core.files import clean_stale_temps, disk_full_guard, temp_dir_beside, terminate_cleanly
-from draftsmith.export.common import CONFIG_FILE, SIDECAR_FILE, WEIGHTS_FILE, ExportFiles, ExportOptions, num_tokens
+from draftsmith.export.common import CONFIG_FILE, SIDECAR_FILE, WEIGHTS_FILE, ExportFiles, ExportOptions
 from draftsmith.report.speedup_model import PROFILE_FILE, PROFILE_SCHEMA
 
 
@@ -27,6 +27,7 @@ class ExportResult:
     out_dir: Path
     serve_command: str
     report: dict  # validation report ({} with validate=False)
+    sidecar: dict = field(default_factory=dict)  # draftsmith.json as written
 
 
 def write_files(files: ExportFiles, directory: Path) -> None:
@@ -119,81 +120,93 @@ def replace_export_files(tmp: Path, out: Path) -> None:
 
 def export(checkpoint, to: str, out, options: ExportOptions | None = None, validate: bool = True,
            overwrite: bool = False, loaded=None, trust_remote_code: bool = False) -> ExportResult:
-    """Export checkpoint (a draftsmith checkpoint dir, or an already loaded LoadedDrafter) to `out`.
+    """Export checkpoint (a draftsmith checkpoint dir, or an already loaded LoadedDrafter) to `out`, in any
+    registered format (EXPORTERS): the same checks, the same atomic write, the format's own validate hook.
 
     trust_remote_code: run the target's custom code (--trust-remote-code); never taken from the checkpoint."""
-    from draftsmith.checkpoint import load_drafter, write_dir_atomically
+    from draftsmith.checkpoint import load_drafter
     from draftsmith.export import engine_versions
     from draftsmith.export.common import EXPORTERS
-    from draftsmith.export.engine_gaps import engine_gap
-    from draftsmith.export.support import formats_for
-    from draftsmith.export.validate import validate_export
-    from draftsmith.export.vllm_parallel import check_dspark_options, dspark_options_for_release
+    from draftsmith.export.options import refuse_format_options, refuse_layout_options
+    from draftsmith.export.support import can_export
 
     exporter = EXPORTERS.get(to)()
     opts = options or ExportOptions()
-    if opts.max_model_len is not None and to != "hf":
-        raise UserError(f"--max-model-len applies to --to hf (a draft LM with a shorter context), not --to {to}")
+    exporter.check_options(opts)
+    refuse_format_options(to, opts)
     version = engine_versions.resolve(to, opts.engine_version)  # None: a format without a version table
     out = Path(out).resolve()
     source = Path(checkpoint) if isinstance(checkpoint, (str, os.PathLike)) else None
     replacing = check_out_dir(out, source, overwrite)
-    profile_text = _speedup_profile(checkpoint if loaded is None else None)
+    profile_text = _speedup_profile(checkpoint if loaded is None and exporter.copies_profile else None)
     loaded = loaded if loaded is not None else load_drafter(checkpoint, trust_remote_code=trust_remote_code)
     kind = loaded.drafter.kind
-    if kind not in exporter.kinds:
-        why = getattr(loaded.drafter, "export_refused", {}).get(to)
-        if why:  # an engine serves the kind in a layout draftsmith does not write yet: say which
-            raise UserError(f"--to {to} does not take {kind} drafters: {why}")
-        fits = formats_for(kind)
-        raise UserError(engine_gap(to, kind, fits) or f"--to {to} does not take {kind} drafters (it takes "
-                         f"{list(exporter.kinds)}); formats for {kind}: {fits}")
-    engine_versions.check(to, version, kind)  # e.g. vLLM 0.33 serves no Medusa: refused before any file is built
-    check_dspark_options(to, kind, opts)
-    opts = dspark_options_for_release(to, kind, opts, version)  # vLLM 0.27: no adaptive-verification fields
-    recommended = None
-    if profile_text is not None:
-        profile = json.loads(profile_text)
-        recommended = profile.get("recommended_num_speculative_tokens")
-        if (opts.num_speculative_tokens is None and isinstance(recommended, int) and recommended >= 1
-                and _servable_k(exporter, loaded, recommended)):
-            opts = dataclasses.replace(opts, num_speculative_tokens=recommended)  # the profile's best k at batch 1
+    reasons = can_export(kind, to, version)  # e.g. vLLM 0.33 serves no Medusa: refused before any file is built
+    if reasons:
+        raise UserError("; ".join(reasons))
+    layout = exporter.layout(kind)
+    refuse_layout_options(to, kind, opts)
+    opts = layout.options_for(opts, version)  # vLLM 0.27 DSpark: no adaptive-verification fields
+    layout.check_loaded(loaded, opts)
+    profile = json.loads(profile_text) if profile_text is not None else None
+    opts = _apply_profile(exporter, loaded, opts, profile)
     report: dict = {}
-    serve: list[str] = []
+    written: list = []
 
     def fill(tmp: Path) -> None:
-        files = exporter.build(loaded, opts, out)
-        serve.append(engine_versions.serve_command(to, version, kind, exporter.serve_command(out, loaded, opts)))
-        files.sidecar["serve_command"] = serve[0]
+        files = exporter.build(loaded, opts, out, checkpoint=checkpoint)
+        files.sidecar["serve_command"] = engine_versions.serve_command(to, version, kind,
+                                                                       exporter.serve_command(out, loaded, opts))
         if version is not None:
             files.sidecar["engine_version"] = version  # the release the export was checked against
-        if profile_text is not None:  # copied beside the weights; the sidecar says what it recommends
+        if profile is not None:  # copied beside the weights; the sidecar says what it recommends
             files.extra[PROFILE_FILE] = profile_text
-            files.sidecar["speedup_profile"] = {
-                "file": PROFILE_FILE, "recommended_num_speculative_tokens": recommended,
-                "speculation_pays_at_batch_1": profile.get("speculation_pays_at_batch_1"),
-                "stops_paying_at_batch": {w: r.get("speculation_stops_paying_at_batch")
-                                          for w, r in (profile.get("recommendation") or {}).items()}}
+            files.sidecar["speedup_profile"] = _profile_record(profile)
         write_files(files, tmp)
         if validate:  # a failure raises here, and nothing is written to `out`
-            k = num_tokens(loaded, opts, files.sidecar.get("num_speculative_tokens") or 5)
-            report.update(validate_export(tmp, exporter, loaded, opts, k))
+            report.update(exporter.validate(tmp, loaded, opts, files))
         files.sidecar["files"] = sorted(set(written_files(tmp)) | {SIDECAR_FILE})  # what --overwrite may replace
         (tmp / SIDECAR_FILE).write_text(json.dumps(files.sidecar, indent=2, default=str) + "\n")
+        written.append(files.sidecar)
+
+    _write_atomically(out, fill, replacing)
+    side = written[0]
+    return ExportResult(out_dir=out, serve_command=side["serve_command"], report=report, sidecar=side)
+
+
+def _write_atomically(out: Path, fill, replacing: bool) -> None:
+    """fill(tmp) in a temporary sibling of `out`, then into place: one rename for a new export, file by file
+    (each atomic) over a previous one, keeping anything else in the directory."""
+    from draftsmith.checkpoint import write_dir_atomically
 
     clean_stale_temps(out)  # .OUT.tmp-PID-* of earlier exports that were killed (their PID is gone)
     with terminate_cleanly():  # SIGTERM runs the clean-ups below instead of leaving .OUT.tmp-* behind
         if not replacing:
             write_dir_atomically(out, fill, marker=None)
-        else:  # a previous export: replace its files only, keep anything else in the directory
-            tmp = temp_dir_beside(out)
-            try:
-                with disk_full_guard(out, "export", probe=tmp):
-                    fill(tmp)
-                    replace_export_files(tmp, out)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-    return ExportResult(out_dir=out, serve_command=serve[0], report=report)
+            return
+        tmp = temp_dir_beside(out)
+        try:
+            with disk_full_guard(out, "export", probe=tmp):
+                fill(tmp)
+                replace_export_files(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _apply_profile(exporter, loaded, opts: ExportOptions, profile: dict | None) -> ExportOptions:
+    """The profile's best k at batch 1 as --num-speculative-tokens, when none is given and the format serves it."""
+    recommended = (profile or {}).get("recommended_num_speculative_tokens")
+    if (opts.num_speculative_tokens is None and isinstance(recommended, int) and recommended >= 1
+            and _servable_k(exporter, loaded, recommended)):
+        return dataclasses.replace(opts, num_speculative_tokens=recommended)
+    return opts
+
+
+def _profile_record(profile: dict) -> dict:
+    return {"file": PROFILE_FILE, "recommended_num_speculative_tokens": profile.get("recommended_num_speculative_tokens"),
+            "speculation_pays_at_batch_1": profile.get("speculation_pays_at_batch_1"),
+            "stops_paying_at_batch": {w: r.get("speculation_stops_paying_at_batch")
+                                      for w, r in (profile.get("recommendation") or {}).items()}}
 
 
 def _servable_k(exporter, loaded, k: int) -> bool:

@@ -50,6 +50,8 @@ class ExportOptions:
     # vllm dspark only: vLLM's dspark_draft_topk (>= 0.28): the Markov bias is added to the top-k base logits only
     # (faster, may change drafts, never the output); None: the full projection, as draftsmith trains and evaluates.
     dspark_draft_topk: int | None = None
+    # llama.cpp only: the target's existing GGUF (--target-gguf); None: the export converts the target
+    target_gguf: str | None = None
 
 
 @dataclass
@@ -82,14 +84,43 @@ class ExportValidationError(UserError):
 # Every export format, registered under its --to name (`@EXPORTERS.register("vllm")`); export/__init__.py
 # imports each format's module so that the registry is full once draftsmith.export is imported.
 EXPORTERS: Registry = Registry("export format")
-# format -> its layouts, one per kind it takes (a kind names its layout per format in its class's
-# export_layouts: {"vllm": "block"}); `@layouts("vllm").register("block")`.
+# format -> its layouts, one per drafter kind it takes, registered under the kind's name in the format's
+# own file: `@layouts("vllm").register(KIND)` (one layout class may serve several kinds).
 LAYOUTS: dict[str, Registry] = {}
 
 
 def layouts(fmt: str) -> Registry:
-    """The layout registry of export format `fmt`."""
+    """The layout registry of export format `fmt` (kind -> layout class)."""
     return LAYOUTS.setdefault(fmt, Registry(f"{fmt} export layout"))
+
+
+def kind_of_layout(fmt: str, cls: type) -> str:
+    """The kind `cls` itself is registered for under `fmt` (e.g. the EAGLE-3 layout's, whose vLLM method
+    P-EAGLE is served through)."""
+    kinds = [k for k in layouts(fmt).names() if layouts(fmt).get(k) is cls]
+    if len(kinds) != 1:
+        raise LookupError(f"{cls.__name__} is registered for {kinds} under {fmt}, not for exactly one kind")
+    return kinds[0]
+
+
+def formats_with_layout(kind: str) -> list[str]:
+    """The formats that register a layout for `kind` (sorted), whatever the engine release."""
+    return [fmt for fmt in EXPORTERS.names() if kind in layouts(fmt)]
+
+
+def not_taken(fmt: str, kind: str) -> str | None:
+    """The one-line reason `--to fmt` refuses every `kind` drafter (no layout: engine_gaps.REFUSED's line, else
+    the generic one naming what the format and the kind take); None when the format has a layout for it."""
+    from draftsmith.export.engine_gaps import REFUSED
+
+    if kind in layouts(fmt):
+        return None
+    fits = formats_with_layout(kind)
+    why = REFUSED.reason(fmt, kind, fits)
+    if why:
+        return why
+    return (f"--to {fmt} does not take {kind} drafters (it takes {layouts(fmt).names()}); "
+            f"formats for {kind}: {fits}")
 
 
 class Layout:
@@ -99,12 +130,24 @@ class Layout:
     # validate.py checks d2t/t2d of the files against the trained drafter's mapping
     carries_vocab_map: ClassVar[bool] = False
 
-    def __init__(self, name: str, engine: str):
+    def __init__(self, name: str, engine: str, kind: str = ""):
         self.name, self.engine = name, engine  # the format's --to name and its engine (sidecar, messages)
+        self.kind = kind  # the drafter kind this layout is registered (and built) for
 
     def refusals(self, target_config) -> list[str]:
         """Why this layout cannot serve a target of transformers `target_config` (inspect, the matrix)."""
         return []
+
+    def check_loaded(self, loaded, opts: ExportOptions) -> None:
+        """Raise a one-line UserError when this trained drafter cannot be served in this format (called
+        before any file is built; most layouts check while building)."""
+
+    # ExportOptions fields only this layout reads (export/options.py refuses them for other layouts)
+    own_options: ClassVar[frozenset[str]] = frozenset()
+
+    def options_for(self, opts: ExportOptions, version: str | None) -> ExportOptions:
+        """`opts` as engine release `version` takes them (raises for one it cannot serve)."""
+        return opts
 
     def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:
         raise NotImplementedError
@@ -126,64 +169,6 @@ class Layout:
 
     def serve_command(self, out_dir: Path, loaded, opts: ExportOptions) -> str:
         raise NotImplementedError
-
-
-class Exporter:
-    """One engine format: name, engine and its layouts (one per kind, `layouts(name)`). The methods hand
-    each call to the layout the drafter kind names for this format; none switches on the kind."""
-
-    name: ClassVar[str] = ""
-    engine: ClassVar[str] = ""
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        """The drafter kinds that name a layout of this format."""
-        from draftsmith.heads import DRAFTERS
-
-        return tuple(k for k in DRAFTERS.names() if self.name in DRAFTERS.get(k).export_layouts)
-
-    def layout(self, kind: str) -> Layout:
-        from draftsmith.heads import DRAFTERS
-
-        name = DRAFTERS.get(kind).export_layouts.get(self.name)
-        if name is None:
-            why = DRAFTERS.get(kind).export_refused.get(self.name)
-            if why:
-                raise UserError(f"--to {self.name} does not take {kind} drafters: {why}")
-            raise UserError(f"--to {self.name} does not take {kind} drafters (it takes {list(self.kinds)})")
-        return layouts(self.name).get(name)(self.name, self.engine)
-
-    def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:
-        """The files of this format for a loaded checkpoint (out_dir: the final directory)."""
-        return self.layout(loaded.drafter.kind).build(loaded, opts, out_dir)
-
-    def required_config_keys(self, kind: str) -> list[str]:
-        """Dotted config.json keys the engine reads (nested dicts as a.b)."""
-        return self.layout(kind).required_config_keys()
-
-    def expected_tensors(self, config: dict, kind: str) -> dict[str, TensorSpec]:
-        """Every tensor the engine expects, derived from config.json alone."""
-        return self.layout(kind).expected_tensors(config)
-
-    def llama_fields(self, config: dict, kind: str) -> dict | None:
-        """The part of config.json holding the draft layer's Llama fields (rope, positions)."""
-        return self.layout(kind).llama_fields(config)
-
-    def check_format(self, export_dir: Path, config: dict, tensors: dict, loaded) -> list[str]:
-        """Format-specific checks beyond names and shapes; returns problems."""
-        return self.layout(loaded.drafter.kind).check_format(export_dir, config, tensors, loaded)
-
-    def load_back(self, export_dir: Path, loaded):
-        """Re-import the exported files into a draftsmith drafter (the round trip)."""
-        return self.layout(loaded.drafter.kind).load_back(export_dir, loaded)
-
-    def reference_drafter(self, loaded, dtype: torch.dtype):
-        """The trained drafter rounded to the export dtype, built as load_back builds it."""
-        make = getattr(self.layout(loaded.drafter.kind), "reference_drafter", None)
-        return make(loaded, dtype) if make else None
-
-    def serve_command(self, out_dir: Path, loaded, opts: ExportOptions) -> str:
-        return self.layout(loaded.drafter.kind).serve_command(out_dir, loaded, opts)
 
 
 # --------------------------------------------------------------------------- small helpers

@@ -1,29 +1,43 @@
-"""Drafter kinds an engine serves, or will serve, that draftsmith does not export to it, each with the one-line
-reason `draftsmith export` prints (found by reading the engine's source; docs/export.md, "Block drafters in
-SGLang and TensorRT-LLM", says where).
+"""Why a format takes no drafter of a kind, when there is more to say than "no layout": an engine that serves
+the kind in a format draftsmith does not write yet (naming where that format is defined), or an engine that
+has no such drafter at all. Each format's own file registers its lines, keyed by (format, kind):
 
-TensorRT-LLM: DFlash (PR #12794, `DFlashDecodingConfig`, tensorrt_llm/_torch/speculative/dflash.py) and DSpark
-(`DSparkDecodingConfig`, _torch/speculative/dspark.py) are in its main branch and documented for the 1.3.0rc and
-1.4.0rc pre-releases only; the newest stable release on PyPI is 1.2.1 (1.2.0, March 2026, predates PR #12794),
-and PyPI ships it as an sdist that fetches the wheel from NVIDIA's index, which this project cannot read, so no
-released loader could be checked.
-"""
+    REFUSED.register("trtllm", KIND, "TensorRT-LLM's ... export it with {fits}", whole=True)
+
+export/support.can_export (and with it `draftsmith export`, inspect, ls and the matrix) asks here through
+common.not_taken. `{fits}` in a line becomes the formats that do take the kind ("--to a or --to b")."""
 from __future__ import annotations
 
-_TRTLLM_PRERELEASE = ("TensorRT-LLM's {name} drafter ({config}, tensorrt_llm/_torch/speculative/{file}) exists only "
-                      "in the 1.3.0rc / 1.4.0rc pre-releases, not in the stable 1.2.x, so draftsmith has no released "
-                      "loader to check the export against; export it with {fits}")
-
-GAPS: dict[tuple[str, str], dict] = {
-    ("trtllm", "dflash"): {"name": "DFlash", "config": "DFlashDecodingConfig, PR #12794", "file": "dflash.py"},
-    ("trtllm", "dspark"): {"name": "DSpark", "config": "DSparkDecodingConfig", "file": "dspark.py"},
-}
+from dataclasses import dataclass
 
 
-def engine_gap(fmt: str, kind: str, fits: list[str]) -> str | None:
-    """The one-line reason `--to fmt` refuses `kind` when the engine has (or will have) such a drafter; None when
-    draftsmith knows of none (the generic refusal applies)."""
-    gap = GAPS.get((fmt, kind))
-    if gap is None:
-        return None
-    return _TRTLLM_PRERELEASE.format(**gap, fits=" or ".join(f"--to {f}" for f in fits) or "no other format")
+@dataclass(frozen=True)
+class Gap:
+    why: str  # one line; may hold {fits}
+    whole: bool = False  # True: `why` is the whole message; False: it follows "--to FMT does not take KIND drafters: "
+
+
+class Refusals:
+    """(format, kind) -> the one-line reason that format refuses every drafter of that kind."""
+
+    def __init__(self):
+        self._gaps: dict[tuple[str, str], Gap] = {}
+
+    def register(self, fmt: str, kind: str, why: str, whole: bool = False) -> None:
+        if (fmt, kind) in self._gaps:
+            raise ValueError(f"the refusal of {kind} drafters by --to {fmt} is registered twice")
+        self._gaps[(fmt, kind)] = Gap(why, whole)
+
+    def unregister(self, fmt: str, kind: str) -> None:
+        self._gaps.pop((fmt, kind), None)
+
+    def reason(self, fmt: str, kind: str, fits: list[str]) -> str | None:
+        """The message `--to fmt` refuses `kind` with (fits: the formats that take it), or None."""
+        gap = self._gaps.get((fmt, kind))
+        if gap is None:
+            return None
+        why = gap.why.replace("{fits}", " or ".join(f"--to {f}" for f in fits) or "no other format")
+        return why if gap.whole else f"--to {fmt} does not take {kind} drafters: {why}"
+
+
+REFUSED = Refusals()

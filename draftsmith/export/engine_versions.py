@@ -53,63 +53,72 @@ _V1_NO_MLP = _no("model_executor/models/registry.py",
                  "the MLP Speculator is supported in V1\")")
 _LLAMA_EAGLE = "model_executor/models/llama_eagle.py (EagleLlamaForCausalLM), transformers_utils/configs/eagle.py"
 
-# (engine, version) -> {kind: Serving}; versions of one engine in ascending order.
-SERVING: dict[tuple[str, str], dict[str, Serving]] = {
-    ("vllm", "0.9.2"): {
-        "eagle3": _NO_SPECULATORS, "dflash": _NO_SPECULATORS, "dspark": _NO_SPECULATORS, "peagle": _NO_SPECULATORS,
-        "eagle1": _yes(_LLAMA_EAGLE),
-        "medusa": _yes("model_executor/models/medusa.py, model_executor/models/registry.py (MedusaModel)"),
-        "mlp_speculator": _yes("model_executor/models/mlp_speculator.py, spec_decode/mlp_speculator_worker.py (V0), "
-                               "engine/arg_utils.py (_raise_or_fallback: V0 unless VLLM_USE_V1=1)",
-                               env="VLLM_USE_V1=0",
-                               note="the last release with V0 speculative decoding, which vLLM 0.10.0 removed "
-                                    "(vllm-project/vllm#21152); serve with VLLM_USE_V1=0"),
-    },
-    ("vllm", "0.20.0"): {
-        "eagle3": _yes(f"{_SPECULATORS} (update_eagle3)"),
-        "dflash": _yes(f"{_SPECULATORS} (update_dflash), model_executor/models/qwen3_dflash.py"),
-        "dspark": _no(_SPECULATORS, "its speculators reader registers eagle3 and dflash only (no dspark)"),
-        "peagle": _no(_SPECULATORS, "its speculators reader registers eagle3 and dflash only (no peagle)"),
-        "eagle1": _yes(_LLAMA_EAGLE),
-        "medusa": _yes("config/speculative.py (SpeculativeMethod \"medusa\"), model_executor/models/medusa.py"),
-        "mlp_speculator": _V1_NO_MLP,
-    },
-    ("vllm", "0.27.0"): {
-        "eagle3": _yes(f"{_SPECULATORS} (update_eagle3)"),
-        "dflash": _yes(f"{_SPECULATORS} (update_dflash), model_executor/models/qwen3_dflash.py"),
-        "dspark": _yes(f"{_SPECULATORS} (update_dspark), model_executor/models/qwen3_dspark.py"),
-        "peagle": _yes(f"{_SPECULATORS} (update_peagle), config/speculative.py (parallel_drafting)"),
-        "eagle1": _yes(_LLAMA_EAGLE),
-        "medusa": _yes("config/speculative.py (SpeculativeMethod \"medusa\"), model_executor/models/medusa.py"),
-        "mlp_speculator": _V1_NO_MLP,
-    },
-    ("vllm", "0.33.0"): {
-        "eagle3": _yes(f"{_SPECULATORS} (update_eagle3)"),
-        "dflash": _yes(f"{_SPECULATORS} (update_dflash), model_executor/models/qwen3_dflash.py"),
-        "dspark": _yes(f"{_SPECULATORS} (update_dspark), model_executor/models/qwen3_dspark.py"),
-        "peagle": _yes(f"{_SPECULATORS} (update_peagle), config/speculative.py (parallel_drafting)"),
-        "eagle1": _yes(_LLAMA_EAGLE),
-        "medusa": _no("config/speculative.py (SpeculativeMethod)",
-                      "\"medusa\" is not a speculative method there and the wheel has no model_executor/models/medusa.py"),
-        "mlp_speculator": _no("config/speculative.py (SpeculativeMethod)",
-                              "\"mlp_speculator\" is not a speculative method there and the wheel has no "
-                              "model_executor/models/mlp_speculator.py"),
-    },
-    ("sglang", "0.5.23"): {
-        "eagle3": _yes("srt/models/llama_eagle3.py (LlamaForCausalLMEagle3)"),
-        "eagle1": _yes("srt/models/llama_eagle.py (LlamaForCausalLMEagle), srt/speculative/eagle_worker_v2.py "
-                       "(set_embed_and_head: the target's embedding and lm_head)"),
-        "dflash": _yes("srt/models/dflash.py (DFlashDraftModel), srt/speculative/dflash_utils.py"),
-        "dspark": _yes("srt/models/dspark.py (Qwen3DSparkModel)"),
-    },
-}
+_MEDUSA = "config/speculative.py (SpeculativeMethod \"medusa\"), model_executor/models/medusa.py"
+_V0_MLP = _yes("model_executor/models/mlp_speculator.py, spec_decode/mlp_speculator_worker.py (V0), "
+               "engine/arg_utils.py (_raise_or_fallback: V0 unless VLLM_USE_V1=1)", env="VLLM_USE_V1=0",
+               note="the last release with V0 speculative decoding, which vLLM 0.10.0 removed (vllm-project/vllm#21152); "
+                    "serve with VLLM_USE_V1=0")
+
+# The releases read, per engine, oldest first.
+RELEASES: dict[str, tuple[str, ...]] = {"vllm": ("0.9.2", "0.20.0", "0.27.0", "0.33.0"), "sglang": ("0.5.23",)}
+
+
+class ServingTable:
+    """(engine, kind) -> {release: Serving}, registered one (engine, kind) at a time."""
+
+    def __init__(self):
+        self._rows: dict[tuple[str, str], dict[str, Serving]] = {}
+
+    def register(self, engine: str, kind: str, rows: dict[str, Serving]) -> None:
+        unknown = set(rows) - set(RELEASES[engine])
+        if unknown or (engine, kind) in self._rows:
+            raise ValueError(f"{engine} {kind}: releases {sorted(unknown)} not read, or registered twice")
+        self._rows[(engine, kind)] = rows
+
+    def row(self, engine: str, version: str) -> dict[str, Serving]:
+        """kind -> Serving for one release (the kinds whose export was checked against it)."""
+        return {k: rows[version] for (e, k), rows in self._rows.items() if e == engine and version in rows}
+
+    def get(self, engine: str, version: str, kind: str) -> Serving | None:
+        return self._rows.get((engine, kind), {}).get(version)
+
+
+SERVING = ServingTable()
+SERVING.register("vllm", "eagle3", {"0.9.2": _NO_SPECULATORS, "0.20.0": _yes(f"{_SPECULATORS} (update_eagle3)"),
+                                    "0.27.0": _yes(f"{_SPECULATORS} (update_eagle3)"),
+                                    "0.33.0": _yes(f"{_SPECULATORS} (update_eagle3)")})
+SERVING.register("vllm", "dflash", {
+    "0.9.2": _NO_SPECULATORS, **dict.fromkeys(("0.20.0", "0.27.0", "0.33.0"), _yes(
+        f"{_SPECULATORS} (update_dflash), model_executor/models/qwen3_dflash.py"))})
+SERVING.register("vllm", "dspark", {
+    "0.9.2": _NO_SPECULATORS, "0.20.0": _no(_SPECULATORS, "its speculators reader registers eagle3 and dflash only (no dspark)"),
+    **dict.fromkeys(("0.27.0", "0.33.0"), _yes(f"{_SPECULATORS} (update_dspark), model_executor/models/qwen3_dspark.py"))})
+SERVING.register("vllm", "peagle", {
+    "0.9.2": _NO_SPECULATORS, "0.20.0": _no(_SPECULATORS, "its speculators reader registers eagle3 and dflash only (no peagle)"),
+    **dict.fromkeys(("0.27.0", "0.33.0"), _yes(f"{_SPECULATORS} (update_peagle), config/speculative.py (parallel_drafting)"))})
+SERVING.register("vllm", "eagle1", dict.fromkeys(RELEASES["vllm"], _yes(_LLAMA_EAGLE)))
+SERVING.register("vllm", "medusa", {
+    "0.9.2": _yes("model_executor/models/medusa.py, model_executor/models/registry.py (MedusaModel)"),
+    "0.20.0": _yes(_MEDUSA), "0.27.0": _yes(_MEDUSA),
+    "0.33.0": _no("config/speculative.py (SpeculativeMethod)",
+                  "\"medusa\" is not a speculative method there and the wheel has no model_executor/models/medusa.py")})
+SERVING.register("vllm", "mlp_speculator", {
+    "0.9.2": _V0_MLP, "0.20.0": _V1_NO_MLP, "0.27.0": _V1_NO_MLP,
+    "0.33.0": _no("config/speculative.py (SpeculativeMethod)", "\"mlp_speculator\" is not a speculative method there "
+                  "and the wheel has no model_executor/models/mlp_speculator.py")})
+SERVING.register("sglang", "eagle3", {"0.5.23": _yes("srt/models/llama_eagle3.py (LlamaForCausalLMEagle3)")})
+SERVING.register("sglang", "eagle1", {"0.5.23": _yes(
+    "srt/models/llama_eagle.py (LlamaForCausalLMEagle), srt/speculative/eagle_worker_v2.py "
+    "(set_embed_and_head: the target's embedding and lm_head)")})
+SERVING.register("sglang", "dflash", {"0.5.23": _yes("srt/models/dflash.py (DFlashDraftModel), srt/speculative/dflash_utils.py")})
+SERVING.register("sglang", "dspark", {"0.5.23": _yes("srt/models/dspark.py (Qwen3DSparkModel)")})
 
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 
 
 def versions(engine: str) -> list[str]:
     """The releases of `engine` whose files the table was read from, oldest first ([] for other formats)."""
-    return [v for (e, v) in SERVING if e == engine]
+    return list(RELEASES.get(engine, ()))
 
 
 def resolve(fmt: str, version: str | None) -> str | None:
@@ -130,7 +139,7 @@ def resolve(fmt: str, version: str | None) -> str | None:
 
 
 def serving(fmt: str, version: str, kind: str) -> Serving:
-    row = SERVING[(fmt, version)].get(kind)
+    row = SERVING.get(fmt, version, kind)
     if row is None:
         return _no("(not read)", f"draftsmith has not checked {kind} exports against this release")
     return row

@@ -24,7 +24,6 @@ from draftsmith.core.errors import UserError
 from draftsmith.export.common import (
     EXPORTERS,
     SIDECAR_FILE,
-    Exporter,
     ExportFiles,
     ExportOptions,
     Layout,
@@ -35,6 +34,7 @@ from draftsmith.export.common import (
     sidecar,
     verifier_name,
 )
+from draftsmith.export.exporter import Exporter
 
 
 class _HFDraft:
@@ -64,6 +64,7 @@ class _HFDraft:
 class HFExporter(Exporter):
     name = "hf"
     engine = "Hugging Face"
+    own_options = frozenset({"max_model_len"})
 
 
 @layouts("hf").register("draft_lm")

@@ -24,39 +24,36 @@ What llama.cpp reads (and so what is refused here, in one line each):
   DFlash / DSpark  draft-dflash / draft-dspark: the same feature capture as EAGLE-3 (t_layer_inp), SiLU,
            plain rope, k = one whole block; DFlash with a full vocabulary (z-lab's layout has no d2t),
            DSpark with the target's lm_head when the vocabulary is full (export/llamacpp_block.py).
-  Not served: Medusa, the MLP speculator, P-EAGLE, EAGLE-1 (no such --spec-type).
+  Not served: Medusa, the MLP speculator, P-EAGLE, EAGLE-1 (no such --spec-type; REFUSED below).
+
+The format is one registered exporter (EXPORTERS["llama.cpp"]) with one layout per kind (EAGLE-3 and the draft
+LM here, the block drafters in export/llamacpp_block.py); `draftsmith export --to llama.cpp` runs through
+api.export like every format (out-dir checks, atomic write), and the validate hook is the llama-server check.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from draftsmith import __version__
 from draftsmith.core.errors import UserError
-from draftsmith.export.llamacpp_block import BLOCK_KINDS, block_drafts, block_refusal, check_block_k, write_block_dir
+from draftsmith.export.common import EXPORTERS, ExportFiles, ExportOptions, Layout, layouts, not_taken
+from draftsmith.export.engine_gaps import REFUSED
+from draftsmith.export.exporter import Exporter
 
 FORMAT = "llama.cpp"
-# DFlash 2 runs as draft-dflash: common/speculative.cpp switches to its selector walk when the GGUF has selector_top_k
-# (uncut at llama.cpp's default --spec-draft-p-min 0, as draftsmith's walk)
-SPEC_TYPES = {"eagle3": "draft-eagle3", "draft_lm": "draft-simple", "dflash": "draft-dflash", "dspark": "draft-dspark",
-              "dflash2": "draft-dflash"}
-DRAFT_FILES = {"eagle3": "draft-eagle3.gguf", "draft_lm": "draft-lm.gguf", "dflash": "draft-dflash.gguf",
-               "dspark": "draft-dspark.gguf", "dflash2": "draft-dflash2.gguf"}
-FEATURE_KINDS = ("eagle3", *BLOCK_KINDS)  # drafters fed by the target's layer inputs (t_layer_inp)
-KIND_NAMES = {"eagle3": "EAGLE-3", "dflash": "DFlash", "dspark": "DSpark", "dflash2": "DFlash 2"}
-NOT_SERVED = {
-    "medusa": "llama.cpp has no Medusa heads (its --spec-type values: draft-simple, draft-eagle3, draft-dflash, "
-              "draft-dspark, draft-mtp, ngram-*)",
-    "mlp_speculator": "llama.cpp has no MLP speculator (its --spec-type values: draft-simple, draft-eagle3, "
-                      "draft-dflash, draft-dspark, draft-mtp, ngram-*)",
-    "peagle": "llama.cpp has no parallel EAGLE (P-EAGLE) drafting; its draft-eagle3 drafts one token per step",
-    "eagle1": "llama.cpp serves EAGLE-3 (three fused target layers), not EAGLE-1",
-}
+_SPEC_TYPES = "its --spec-type values: draft-simple, draft-eagle3, draft-dflash, draft-dspark, draft-mtp, ngram-*"
+REFUSED.register(FORMAT, "medusa", f"llama.cpp has no Medusa heads ({_SPEC_TYPES})")
+REFUSED.register(FORMAT, "mlp_speculator", f"llama.cpp has no MLP speculator ({_SPEC_TYPES})")
+REFUSED.register(FORMAT, "peagle", "llama.cpp has no parallel EAGLE (P-EAGLE) drafting; its draft-eagle3 drafts one "
+                                   "token per step")
+REFUSED.register(FORMAT, "eagle1", "llama.cpp serves EAGLE-3 (three fused target layers), not EAGLE-1")
 # HF model_type of targets whose llama.cpp graph stores layer inputs for EAGLE-3 (t_layer_inp in
 # src/models/{llama,qwen3,qwen3moe,qwen3next,qwen35,qwen35moe,gemma4,openai-moe,deepseek4}.cpp).
 FEATURE_CAPTURE = ("llama", "mistral", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe",
@@ -74,40 +71,274 @@ class LlamaCppExport:
     check: dict  # the llama-server round trip ({} with validate=False)
 
 
+@dataclass
+class Plan:
+    """What one export converts and serves, settled before any file is written."""
+
+    tools: object  # llamacpp_tools.LlamaCppTools
+    k: int
+    given_target: Path | None  # the target GGUF served as it is (--target-gguf, a GGUF target), else None
+    target_dir: Path  # the HF target directory the converter reads
+    target_path: Path  # the target GGUF llama-server loads
+
+
+def layout_of(kind: str) -> "LlamaCppLayout":
+    """The llama.cpp layout registered for `kind` (UserError naming why when there is none)."""
+    return EXPORTERS.get(FORMAT)().layout(kind)
+
+
 def refusal(loaded) -> str | None:
     """Why llama.cpp cannot serve this drafter on this target (one line), or None."""
     kind = loaded.drafter.kind
-    why = NOT_SERVED.get(kind) or getattr(loaded.drafter, "export_refused", {}).get(FORMAT)
-    if why:
-        return f"--to llama.cpp does not take {kind} drafters: {why}"
-    if kind not in SPEC_TYPES:
-        return f"--to llama.cpp does not take {kind} drafters (it takes {sorted(SPEC_TYPES)})"
-    window = getattr(getattr(loaded.drafter, "cfg", None), "sliding_window", None)
-    if window is not None:  # its draft graphs attend to the whole context
-        return (f"--to llama.cpp: this drafter was trained with drafter.sliding_window={window}, which llama.cpp's draft "
-                "graphs do not run; export it with --to vllm, or retrain with drafter.sliding_window=null")
-    if kind not in FEATURE_KINDS:
-        return None
-    model_type = str(getattr(loaded.target.config, "model_type", "?"))
-    if model_type not in FEATURE_CAPTURE:
-        return (f"--to llama.cpp: the target's model_type {model_type!r} has no {KIND_NAMES[kind]} feature capture in llama.cpp "
+    return not_taken(FORMAT, kind) or layout_of(kind).refusal(loaded)
+
+
+def default_k(drafter) -> int:
+    return layout_of(drafter.kind).default_k(drafter)
+
+
+def check_k(drafter, k: int) -> None:
+    """UserError when llama.cpp would not run `k` drafts per round as draftsmith trained them."""
+    layout_of(drafter.kind).check_k(drafter, k)
+
+
+def engine_drafter_options(kind: str) -> dict:
+    """Drafter options draftsmith's side of `eval --engine` runs with to apply the rule llama.cpp applies."""
+    return layout_of(kind).engine_drafter_options if kind in layouts(FORMAT) else {}
+
+
+def gguf_problems(draft_gguf: Path, drafter) -> list[str]:
+    """The draft GGUF's metadata against the trained drafter (what llama.cpp would read differently)."""
+    return layout_of(drafter.kind).gguf_problems(draft_gguf, drafter)
+
+
+class LlamaCppLayout(Layout):
+    """One kind as llama.cpp serves it: the HF directory its converter reads, the --spec-type, the draft GGUF's
+    name and what llama.cpp cannot run exactly (one line each)."""
+
+    title: ClassVar[str] = ""  # the drafter's name in messages
+    reads_target_features: ClassVar[bool] = True  # fed by the target's layer inputs (t_layer_inp)
+    # eval --engine: drafter options draftsmith's side runs with to apply the rule llama.cpp applies
+    engine_drafter_options: ClassVar[dict] = {}
+
+    @property
+    def spec_type(self) -> str:
+        return f"draft-{self.kind}"
+
+    @property
+    def draft_file(self) -> str:
+        return f"draft-{self.kind}.gguf"
+
+    def refusals(self, target_config) -> list[str]:
+        return self.capture_refusals(target_config)
+
+    def capture_refusals(self, target_config) -> list[str]:
+        """A kind fed by the target's layer inputs needs a target graph that stores them."""
+        if not self.reads_target_features:
+            return []
+        model_type = str(getattr(target_config, "model_type", "?"))
+        if model_type in FEATURE_CAPTURE:
+            return []
+        return [f"--to llama.cpp: the target's model_type {model_type!r} has no {self.title} feature capture in llama.cpp "
                 f"(its {model_type} graph stores no layer inputs; it does for {', '.join(FEATURE_CAPTURE[:4])}, ...); "
-                "serve a draft LM with draft-simple instead, or export --to vllm")
-    if kind in BLOCK_KINDS:
-        return block_refusal(loaded)
-    aux = list(loaded.drafter.aux_layer_ids)
-    if len(aux) != 3:
-        return (f"--to llama.cpp: drafter.aux_layer_ids {aux} has {len(aux)} ids; llama.cpp's draft-eagle3 reads exactly "
-                "3 (src/models/eagle3.cpp); retrain with three aux layers")
-    cfg = loaded.drafter.cfg
-    for option in ("fc_norm", "norm_output"):
-        if getattr(cfg, option, False):
-            return (f"--to llama.cpp: this EAGLE-3 drafter was trained with drafter.{option}=true, which llama.cpp's "
-                    "eagle3 graph does not run; retrain with it false, or export --to vllm / sglang")
-    act = getattr(loaded.drafter.layer_config, "hidden_act", "silu")
-    if act != "silu":
-        return f"--to llama.cpp: the draft layer's hidden_act {act!r} is not SiLU, the only MLP llama.cpp's eagle3 graph runs"
-    return None
+                "serve a draft LM with draft-simple instead, or export --to vllm"]
+
+    def refusal(self, loaded) -> str | None:
+        """Why llama.cpp cannot serve this trained drafter on this target (one line), or None."""
+        window = getattr(getattr(loaded.drafter, "cfg", None), "sliding_window", None)
+        if window is not None:  # its draft graphs attend to the whole context
+            return (f"--to llama.cpp: this drafter was trained with drafter.sliding_window={window}, which llama.cpp's "
+                    "draft graphs do not run; export it with --to vllm, or retrain with drafter.sliding_window=null")
+        captured = self.capture_refusals(loaded.target.config)
+        return captured[0] if captured else self.drafter_refusal(loaded)
+
+    def drafter_refusal(self, loaded) -> str | None:
+        """What this kind's graph cannot run of this trained drafter (one line), or None."""
+        return None
+
+    def default_k(self, drafter) -> int:
+        return int(getattr(drafter.cfg, "ttt_steps", 0) or 5)
+
+    def check_k(self, drafter, k: int) -> None:
+        if k < 1:
+            raise UserError(f"--num-speculative-tokens {k}: must be >= 1")
+
+    def write_source(self, loaded, hf_dir: Path, k: int) -> None:
+        """The directory llama.cpp's converter reads."""
+        raise NotImplementedError
+
+    def finish(self, draft: Path, target: Path) -> None:
+        """After conversion: fix what the draft GGUF must share with the target's."""
+
+    def gguf_problems(self, draft_gguf: Path, drafter) -> list[str]:
+        return []
+
+    def check_loaded(self, loaded, opts: ExportOptions) -> None:
+        why = self.refusal(loaded)
+        if why:
+            raise UserError(why)
+        self.plan(loaded, opts, Path("."))  # --target-gguf, k, the tools and the target directory, before any file
+
+    def plan(self, loaded, opts: ExportOptions, out_dir: Path) -> Plan:
+        from draftsmith.export.llamacpp_tools import find_llama_cpp
+
+        given = Path(opts.target_gguf).resolve() if opts.target_gguf else None
+        if given is not None and not given.is_file():
+            raise UserError(f"--target-gguf {opts.target_gguf}: no such file; give the target's GGUF or omit the flag "
+                            "to convert it")
+        k = int(opts.num_speculative_tokens or self.default_k(loaded.drafter))
+        self.check_k(loaded.drafter, k)
+        tools = find_llama_cpp()
+        given = served_target(loaded, given)
+        needs_dir = self.reads_target_features or given is None  # the converter reads the HF target directory
+        target_dir = target_dir_of(loaded) if needs_dir else given.parent
+        return Plan(tools, k, given, target_dir, given or out_dir / target_file_name(target_dir))
+
+    def build(self, loaded, opts: ExportOptions, out_dir: Path, checkpoint=None) -> ExportFiles:
+        p = self.plan(loaded, opts, out_dir)
+
+        def write(tmp: Path) -> None:
+            from draftsmith.export.llamacpp_tools import convert
+
+            with tempfile.TemporaryDirectory(prefix="draftsmith-llamacpp-") as work:
+                hf_dir = Path(work) / "hf"  # the directory llama.cpp's converter reads
+                self.write_source(loaded, hf_dir, p.k)
+                convert(p.tools, hf_dir, tmp / self.draft_file,
+                        target_dir=p.target_dir if self.reads_target_features else None)
+            if p.given_target is None:
+                convert(p.tools, p.target_dir, tmp / p.target_path.name)
+            self.finish(tmp / self.draft_file, p.given_target or tmp / p.target_path.name)
+
+        sidecar = {
+            "format": FORMAT, "engine": "llama.cpp", "llama_cpp": {"sdist": "llama-cpp-python==0.3.36",
+                                                                   "server_version": p.tools.version()},
+            "drafter_kind": self.kind, "spec_type": self.spec_type, "num_speculative_tokens": p.k,
+            "draft": self.draft_file, "target": p.target_path.name if p.given_target is None else str(p.given_target),
+            "target_converted_by_draftsmith": p.given_target is None, "target_dir": str(p.target_dir),
+            "aux_layer_ids": list(getattr(loaded.drafter, "aux_layer_ids", []) or []),
+            "serve_command": None, "check": None,
+            "checkpoint": str(checkpoint) if checkpoint is None or isinstance(checkpoint, (str, os.PathLike)) else None,
+            "draftsmith_version": __version__,
+        }
+        return ExportFiles(config={}, tensors={}, sidecar=sidecar, writer=write)
+
+    def serve_command(self, out_dir: Path, loaded, opts: ExportOptions) -> str:
+        p = self.plan(loaded, opts, out_dir)
+        return serve_command(p.tools, p.target_path, out_dir / self.draft_file, self.spec_type, p.k)
+
+
+@EXPORTERS.register(FORMAT)
+class LlamaCppExporter(Exporter):
+    """GGUF files llama.cpp serves, written by its own converter; validated by loading them in llama-server."""
+
+    name = FORMAT
+    engine = "llama.cpp"
+    own_options = frozenset({"target_gguf"})
+    checked_in_process = False  # llama-server checks it (tests/export/test_llamacpp_roundtrip.py)
+    copies_profile = False  # the serve command carries k (--spec-draft-n-max); no profile is copied
+
+    def build(self, loaded, opts: ExportOptions, out_dir: Path, checkpoint=None) -> ExportFiles:
+        return self.layout(loaded.drafter.kind).build(loaded, opts, out_dir, checkpoint)  # the sidecar names it
+
+    def check_options(self, opts: ExportOptions) -> None:
+        if opts.engine_version:
+            raise UserError("--engine-version applies to --to vllm and --to sglang, not --to llama.cpp (the llama.cpp "
+                            "export is checked by loading it in the pinned llama-server)")
+
+    def validate(self, export_dir: Path, loaded, opts: ExportOptions, files: ExportFiles) -> dict:
+        """The validate hook: load target + draft in llama-server for one request (check_with_server)."""
+        from draftsmith.export.llamacpp_tools import find_llama_cpp
+
+        side = files.sidecar
+        target = export_dir / side["target"] if side["target_converted_by_draftsmith"] else Path(side["target"])
+        side["check"] = check_with_server(find_llama_cpp(), target, export_dir / side["draft"], side["spec_type"],
+                                          side["num_speculative_tokens"], int(loaded.target.vocab_size))
+        return side["check"]
+
+    def summary(self, checkpoint, result) -> list[str]:
+        side, check = result.sidecar, result.report
+        state = (f"loaded by llama-server: drafted {check['draft_n']}, accepted {check['draft_n_accepted']}"
+                 if check else "NOT checked in llama-server (--no-validate)")
+        return [f"exported {checkpoint} -> {result.out_dir} (llama.cpp {side['spec_type']}; {state})",
+                f"  draft  {result.out_dir / side['draft']}\n  target {result.out_dir / side['target']}"]
+
+
+class ConvertedLayout(LlamaCppLayout):
+    """A kind whose converter input is another format's export (source_format), written and validated as such."""
+
+    source_format: ClassVar[str] = ""
+
+    def write_source(self, loaded, hf_dir: Path, k: int) -> None:
+        write_format_dir(self.source_format, loaded, hf_dir, k)
+
+
+@layouts(FORMAT).register("eagle3")
+class Eagle3Layout(ConvertedLayout):
+    """EAGLE-3: the speculators-format export (--to vllm) converted with --target-model-dir (arch "eagle3")."""
+
+    title = "EAGLE-3"
+    source_format = "vllm"
+
+    def drafter_refusal(self, loaded) -> str | None:
+        aux = list(loaded.drafter.aux_layer_ids)
+        if len(aux) != 3:
+            return (f"--to llama.cpp: drafter.aux_layer_ids {aux} has {len(aux)} ids; llama.cpp's draft-eagle3 reads "
+                    "exactly 3 (src/models/eagle3.cpp); retrain with three aux layers")
+        cfg = loaded.drafter.cfg
+        for option in ("fc_norm", "norm_output"):
+            if getattr(cfg, option, False):
+                return (f"--to llama.cpp: this EAGLE-3 drafter was trained with drafter.{option}=true, which llama.cpp's "
+                        "eagle3 graph does not run; retrain with it false, or export --to vllm / sglang")
+        act = getattr(loaded.drafter.layer_config, "hidden_act", "silu")
+        if act != "silu":
+            return f"--to llama.cpp: the draft layer's hidden_act {act!r} is not SiLU, the only MLP llama.cpp's eagle3 graph runs"
+        return None
+
+    def gguf_problems(self, draft_gguf: Path, drafter) -> list[str]:
+        """The draft GGUF's EAGLE-3 metadata against the trained drafter's options (via the gguf package)."""
+        from gguf import GGUFReader
+
+        reader = GGUFReader(str(draft_gguf))
+        fields = {name: f.contents() for name, f in reader.fields.items() if name.startswith("eagle3.")}
+        problems = []
+        layers = next((v for k, v in fields.items() if k.endswith(".target_layers") or k.endswith(".extract_layers")),
+                      None)
+        if layers is not None and list(layers) != list(drafter.aux_layer_ids):
+            problems.append(f"aux ids: the draft GGUF extracts target layers {list(layers)}, the drafter was trained on "
+                            f"{list(drafter.aux_layer_ids)}")
+        nbr = fields.get("eagle3.norm_before_residual")
+        if nbr is not None and bool(nbr) != bool(drafter.cfg.norm_before_residual):
+            problems.append(f"norms: the draft GGUF has norm_before_residual={bool(nbr)}, the drafter was trained with "
+                            f"{bool(drafter.cfg.norm_before_residual)}")
+        return problems
+
+
+@layouts(FORMAT).register("draft_lm")
+class DraftLMLayout(ConvertedLayout):
+    """A draft LM: the --to hf directory converted as an ordinary model, served with draft-simple."""
+
+    title = "draft LM"
+    source_format = "hf"
+    reads_target_features = False
+    spec_type = "draft-simple"
+    draft_file = "draft-lm.gguf"
+
+    def finish(self, draft: Path, target: Path) -> None:
+        from draftsmith.export.llamacpp_vocab import adopt_vocabulary
+
+        adopt_vocabulary(draft, target)  # llama.cpp drafts only with the target's exact vocabulary
+
+
+def write_format_dir(fmt: str, loaded, directory: Path, k: int) -> None:
+    """Another format's files for the converter (EAGLE-3: --to vllm, a draft LM: --to hf), validated as that
+    format validates them (the converter then reads them)."""
+    from draftsmith.export.api import write_files
+
+    exporter, opts = EXPORTERS.get(fmt)(), ExportOptions(num_speculative_tokens=k)
+    files = exporter.build(loaded, opts, directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    write_files(files, directory)
+    exporter.validate(directory, loaded, opts, files)
 
 
 def target_dir_of(loaded) -> Path:
@@ -143,33 +374,6 @@ def serve_command(tools, target: Path, draft: Path, spec_type: str, k: int) -> s
             f"--spec-type {spec_type} --spec-draft-n-max {k}{p_min} --no-repack --host 127.0.0.1 --port 8080")
 
 
-def default_k(drafter) -> int:
-    if drafter.kind in BLOCK_KINDS:
-        return block_drafts(drafter)
-    return int(getattr(drafter.cfg, "ttt_steps", 0) or 5)
-
-
-def check_k(drafter, k: int) -> None:
-    """UserError when llama.cpp would not run `k` drafts per round as draftsmith trained them."""
-    if k < 1:
-        raise UserError(f"--num-speculative-tokens {k}: must be >= 1")
-    if drafter.kind in BLOCK_KINDS:
-        check_block_k(drafter, k)
-
-
-def write_draft_dir(checkpoint, loaded, kind: str, hf_dir: Path, k: int) -> None:
-    """The directory llama.cpp's converter reads: speculators EAGLE-3 (--to vllm), the HF draft LM (--to hf),
-    or the block drafters' layouts (llamacpp_block.py)."""
-    from draftsmith.export.api import export
-    from draftsmith.export.common import ExportOptions
-
-    if kind in BLOCK_KINDS:
-        write_block_dir(loaded, hf_dir)
-    else:
-        export(checkpoint, "vllm" if kind == "eagle3" else "hf", hf_dir, ExportOptions(num_speculative_tokens=k),
-               loaded=loaded)
-
-
 def check_with_server(tools, target: Path, draft: Path, spec_type: str, k: int, vocab_size: int) -> dict:
     """Load target + draft in llama-server, one short greedy request; what it reported."""
     from draftsmith.export.llamacpp_tools import LlamaCppError, LlamaServer
@@ -183,74 +387,6 @@ def check_with_server(tools, target: Path, draft: Path, spec_type: str, k: int, 
                             f"(tokens_predicted {reply['tokens_predicted']}, timings {timings})")
     return {"loaded": True, "tokens_predicted": reply["tokens_predicted"], "draft_n": timings["draft_n"],
             "draft_n_accepted": timings.get("draft_n_accepted", 0)}
-
-
-def export_llamacpp(checkpoint, out, target_gguf=None, k: int | None = None, validate: bool = True,
-                    overwrite: bool = False, loaded=None) -> LlamaCppExport:
-    """Write the GGUF files llama.cpp serves for `checkpoint` into `out` (atomically), checked in llama-server."""
-    from draftsmith.checkpoint import load_drafter, write_dir_atomically
-    from draftsmith.export.api import check_out_dir, replace_export_files, written_files
-    from draftsmith.export.llamacpp_tools import convert, find_llama_cpp
-    from draftsmith.export.llamacpp_vocab import adopt_vocabulary
-
-    out = Path(out).resolve()
-    source = Path(checkpoint) if checkpoint is not None else None
-    replacing = check_out_dir(out, source, overwrite)
-    loaded = loaded if loaded is not None else load_drafter(checkpoint)
-    why = refusal(loaded)
-    if why:
-        raise UserError(why)
-    given_target = Path(target_gguf).resolve() if target_gguf else None
-    if given_target is not None and not given_target.is_file():
-        raise UserError(f"--target-gguf {target_gguf}: no such file; give the target's GGUF or omit the flag to convert it")
-    kind = loaded.drafter.kind
-    spec_type, k = SPEC_TYPES[kind], int(k or default_k(loaded.drafter))
-    check_k(loaded.drafter, k)
-    tools = find_llama_cpp()
-    given_target = served_target(loaded, given_target)
-    needs_dir = kind in FEATURE_KINDS or given_target is None  # the converter reads the HF target directory
-    target_dir = target_dir_of(loaded) if needs_dir else given_target.parent
-    draft_name = DRAFT_FILES[kind]
-    target_path = given_target or out / target_file_name(target_dir)
-    check: dict = {}
-
-    def fill(tmp: Path) -> None:
-        with tempfile.TemporaryDirectory(prefix="draftsmith-llamacpp-") as work:
-            hf_dir = Path(work) / "hf"  # the directory llama.cpp's converter reads
-            write_draft_dir(checkpoint, loaded, kind, hf_dir, k)
-            convert(tools, hf_dir, tmp / draft_name, target_dir=target_dir if kind in FEATURE_KINDS else None)
-        if given_target is None:
-            convert(tools, target_dir, tmp / target_path.name)
-        if kind == "draft_lm":  # llama.cpp drafts only with the target's exact vocabulary (llamacpp_vocab.py)
-            adopt_vocabulary(tmp / draft_name, given_target or tmp / target_path.name)
-        if validate:  # the files as written, before they reach `out`
-            local_target = given_target or tmp / target_path.name
-            check.update(check_with_server(tools, local_target, tmp / draft_name, spec_type, k,
-                                           int(loaded.target.vocab_size)))
-        files = sorted(set(written_files(tmp)) | {"draftsmith.json"})
-        sidecar = {
-            "format": FORMAT, "engine": "llama.cpp", "llama_cpp": {"sdist": "llama-cpp-python==0.3.36",
-                                                                   "server_version": tools.version()},
-            "drafter_kind": kind, "spec_type": spec_type, "num_speculative_tokens": k,
-            "draft": draft_name, "target": target_path.name if given_target is None else str(given_target),
-            "target_converted_by_draftsmith": given_target is None, "target_dir": str(target_dir),
-            "aux_layer_ids": list(getattr(loaded.drafter, "aux_layer_ids", []) or []),
-            "serve_command": serve_command(tools, target_path, out / draft_name, spec_type, k),
-            "check": check or None, "checkpoint": str(checkpoint), "draftsmith_version": __version__, "files": files,
-        }
-        (tmp / "draftsmith.json").write_text(json.dumps(sidecar, indent=2) + "\n")
-
-    if not replacing:
-        write_dir_atomically(out, fill, marker=None)
-    else:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-        try:
-            fill(tmp)
-            replace_export_files(tmp, out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return LlamaCppExport(out_dir=out, draft=out / draft_name, target=target_path, spec_type=spec_type, k=k,
-                          serve_command=serve_command(tools, target_path, out / draft_name, spec_type, k), check=check)
 
 
 def read_export_dir(directory) -> dict:
@@ -269,22 +405,14 @@ def read_export_dir(directory) -> dict:
     return side
 
 
-def main(args) -> int:
-    """`draftsmith export CKPT --to llama.cpp` (export/cli.py hands over here)."""
-    import sys
+def export_llamacpp(checkpoint, out, target_gguf=None, k: int | None = None, validate: bool = True,
+                    overwrite: bool = False, loaded=None) -> LlamaCppExport:
+    """`export(checkpoint, "llama.cpp", out)` (api.export), described as the GGUF files it wrote."""
+    from draftsmith.export.api import export
 
-    from draftsmith.export.common import ExportValidationError
-
-    try:
-        result = export_llamacpp(args.checkpoint, args.out, target_gguf=args.target_gguf,
-                                 k=args.num_speculative_tokens, validate=not args.no_validate, overwrite=args.overwrite)
-    except (ExportValidationError, FileExistsError, FileNotFoundError, ValueError, OSError) as exc:
-        print(f"draftsmith export: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    state = (f"loaded by llama-server: drafted {result.check['draft_n']}, accepted {result.check['draft_n_accepted']}"
-             if result.check else "NOT checked in llama-server (--no-validate)")
-    print(f"exported {args.checkpoint} -> {result.out_dir} (llama.cpp {result.spec_type}; {state})")
-    print(f"  draft  {result.draft}\n  target {result.target}")
-    print("serve it with:")
-    print(f"  {result.serve_command}")
-    return 0
+    result = export(checkpoint, FORMAT, out, ExportOptions(num_speculative_tokens=k, target_gguf=target_gguf),
+                    validate=validate, overwrite=overwrite, loaded=loaded)
+    side = result.sidecar
+    return LlamaCppExport(out_dir=result.out_dir, draft=result.out_dir / side["draft"],
+                          target=result.out_dir / side["target"], spec_type=side["spec_type"],
+                          k=side["num_speculative_tokens"], serve_command=result.serve_command, check=result.report)

@@ -47,12 +47,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
-BLOCK_KINDS = ("dflash", "dspark", "dflash2")
-# eval --engine: drafter options draftsmith's side runs with to apply the rule llama.cpp applies
-ENGINE_DRAFTER_OPTIONS = {"dspark": {"confidence_threshold": 0.0}}
+from draftsmith.core.errors import UserError
+from draftsmith.export.common import kind_of_layout, layouts, llama_fields, target_rope
+from draftsmith.export.llamacpp import FORMAT, LlamaCppLayout, layout_of
 
 
 def block_drafts(drafter) -> int:
@@ -64,29 +65,118 @@ def full_vocab(drafter) -> bool:
     return drafter.d2t.shape[0] == drafter.t2d.shape[0]
 
 
-def block_refusal(loaded) -> str | None:
-    """Why llama.cpp's dflash graph cannot run this trained block drafter exactly (one line), or None."""
-    from draftsmith.export.common import target_rope
+class BlockLayout(LlamaCppLayout):
+    """What the block drafters share in llama.cpp: one graph (arch "dflash"), SiLU, plain rope, one whole block."""
 
-    d, kind = loaded.drafter, loaded.drafter.kind
-    act = getattr(d.layer_config, "hidden_act", "silu")
-    if act != "silu":
-        return f"--to llama.cpp: the {kind} layer's hidden_act {act!r} is not SiLU, which llama.cpp's converter writes for it"
-    rope = target_rope(loaded.target.config)
-    if rope.get("rope_type", "default") != "default":
-        return (f"--to llama.cpp: the target's rope_type {rope.get('rope_type')!r}: llama.cpp's {kind} converter (a Qwen3 "
-                "model) writes plain rope only, the drafter was trained with the scaled one; export --to vllm")
-    if kind == "dflash2":
-        return dflash2_refusal(d)
-    if kind == "dflash" and not full_vocab(d):
+    def refusals(self, target_config) -> list[str]:
+        return self.capture_refusals(target_config) + self.rope_refusals(target_config)
+
+    def rope_refusals(self, target_config) -> list[str]:
+        rope = target_rope(target_config)
+        if rope.get("rope_type", "default") == "default":
+            return []
+        return [f"--to llama.cpp: the target's rope_type {rope.get('rope_type')!r}: llama.cpp's {self.kind} converter "
+                "(a Qwen3 model) writes plain rope only, the drafter was trained with the scaled one; export --to vllm"]
+
+    def drafter_refusal(self, loaded) -> str | None:
+        """Why llama.cpp's dflash graph cannot run this trained block drafter exactly (one line), or None."""
+        act = getattr(loaded.drafter.layer_config, "hidden_act", "silu")
+        if act != "silu":
+            return (f"--to llama.cpp: the {self.kind} layer's hidden_act {act!r} is not SiLU, which llama.cpp's "
+                    "converter writes for it")
+        rope = self.rope_refusals(loaded.target.config)
+        return rope[0] if rope else self.vocab_refusal(loaded.drafter)
+
+    def vocab_refusal(self, drafter) -> str | None:
+        return None
+
+    def default_k(self, drafter) -> int:
+        return block_drafts(drafter)
+
+    def check_k(self, drafter, k: int) -> None:
+        super().check_k(drafter, k)
+        check_block_k(drafter, k)
+
+    def write_source(self, loaded, hf_dir: Path, k: int) -> None:
+        write_block_dir(loaded, hf_dir)
+
+    def gguf_problems(self, draft_gguf: Path, drafter) -> list[str]:
+        return gguf_block_problems(draft_gguf, drafter)
+
+    def config(self, loaded) -> dict:
+        """config.json in the layout llama.cpp's converter class for this kind reads (module doc)."""
+        raise NotImplementedError
+
+
+@layouts(FORMAT).register("dflash")
+class DFlashLayout(BlockLayout):
+    """z-lab's DFlashDraftModel layout (converter class DFlashModel)."""
+
+    title = "DFlash"
+    architecture: ClassVar[str] = "DFlashDraftModel"
+
+    def vocab_refusal(self, d) -> str | None:
+        if full_vocab(d):
+            return None
         return (f"--to llama.cpp: this DFlash drafter has a reduced draft vocabulary ({d.d2t.shape[0]} of "
                 f"{d.t2d.shape[0]}); llama.cpp's DFlash converter (z-lab DFlashDraftModel) has no d2t; retrain with "
                 "drafter.draft_vocab_size unset, or export --to vllm")
-    if kind == "dspark" and full_vocab(d) and d.cfg.train_lm_head:
+
+    def dflash_config(self, drafter) -> dict:
+        return {"mask_token_id": int(drafter.mask_token_id), "block_size": drafter.block_size,
+                "target_layer_ids": [int(i) - 1 for i in drafter.aux_layer_ids]}
+
+    def config(self, loaded) -> dict:
+        d = loaded.drafter
+        return {**qwen3_fields(loaded), "architectures": [self.architecture], "block_size": d.block_size,
+                "dflash_config": self.dflash_config(d)}
+
+
+@layouts(FORMAT).register("dflash2")
+class DFlash2Layout(DFlashLayout):
+    """z-lab's DFlash2DraftModel layout (the same converter class): DFlash's plus the conv and selector fields.
+    Served as draft-dflash: common/speculative.cpp walks the selector when the GGUF has selector_top_k (uncut at
+    llama.cpp's default --spec-draft-p-min 0, as draftsmith's walk)."""
+
+    title = "DFlash 2"
+    architecture = "DFlash2DraftModel"
+
+    @property
+    def spec_type(self) -> str:
+        return f"draft-{kind_of_layout(self.name, DFlashLayout)}"
+
+    def vocab_refusal(self, d) -> str | None:
+        return dflash2_refusal(d)
+
+    def dflash_config(self, drafter) -> dict:  # the converter writes these four as {arch}.conv_* / selector_*
+        return {**super().dflash_config(drafter), **{name: int(getattr(drafter.cfg, name)) for name in
+                                                     ("conv_kernel_size", "conv_group_size", "selector_rank",
+                                                      "selector_top_k")}}
+
+
+@layouts(FORMAT).register("dspark")
+class DSparkLayout(BlockLayout):
+    """speculators' DSparkSpeculator layout (converter class DSparkModel)."""
+
+    title = "DSpark"
+    # eval --engine: the export serves with --spec-draft-p-min 0 (the whole block), so draftsmith's side drafts it too
+    engine_drafter_options = {"confidence_threshold": 0.0}
+
+    def vocab_refusal(self, d) -> str | None:
+        if not (full_vocab(d) and d.cfg.train_lm_head):
+            return None
         return ("--to llama.cpp: this DSpark drafter trained its lm_head (drafter.train_lm_head=true) over the full "
                 "vocabulary; llama.cpp's DSpark converter drops a full-vocabulary lm_head and projects with the "
                 "target's; retrain with train_lm_head false or a draft_vocab_size, or export --to vllm")
-    return None
+
+    def config(self, loaded) -> dict:
+        d = loaded.drafter
+        return {"architectures": ["DSparkSpeculator"], "speculators_model_type": self.kind,
+                "draft_vocab_size": int(d.d2t.shape[0]), "block_size": d.block_size,
+                "target_hidden_size": int(loaded.target.hidden_size),
+                "aux_hidden_state_layer_ids": [int(i) for i in d.aux_layer_ids], "mask_token_id": int(d.mask_token_id),
+                "sample_from_anchor": True, "markov_rank": int(d.cfg.markov_rank), "markov_head_type": "vanilla",
+                "transformer_layer_config": qwen3_fields(loaded), "torch_dtype": "float32"}
 
 
 def dflash2_refusal(d) -> str | None:
@@ -105,8 +195,6 @@ def dflash2_refusal(d) -> str | None:
 
 def qwen3_fields(loaded) -> dict:
     """The draft layers' Qwen3 config (llama.cpp's converter reads them as a Qwen3 model)."""
-    from draftsmith.export.common import llama_fields
-
     d = loaded.drafter
     fields = llama_fields(d.layer_config, loaded.target.config, torch.float32)
     fields.update({"model_type": "qwen3", "num_hidden_layers": len(d.layers), "use_sliding_window": False})
@@ -115,22 +203,7 @@ def qwen3_fields(loaded) -> dict:
 
 def block_config(loaded) -> dict:
     """config.json in the layout llama.cpp's converter class for this kind reads (module doc)."""
-    d = loaded.drafter
-    layer = qwen3_fields(loaded)
-    if d.kind in ("dflash", "dflash2"):
-        dflash = {"mask_token_id": int(d.mask_token_id), "block_size": d.block_size,
-                  "target_layer_ids": [int(i) - 1 for i in d.aux_layer_ids]}
-        if d.kind == "dflash2":  # the converter writes these four as {arch}.conv_* / selector_* (DFlash 2 on)
-            dflash.update({name: int(getattr(d.cfg, name)) for name in
-                           ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")})
-        arch = "DFlash2DraftModel" if d.kind == "dflash2" else "DFlashDraftModel"
-        return {**layer, "architectures": [arch], "block_size": d.block_size, "dflash_config": dflash}
-    return {"architectures": ["DSparkSpeculator"], "speculators_model_type": "dspark",
-            "draft_vocab_size": int(d.d2t.shape[0]), "block_size": d.block_size,
-            "target_hidden_size": int(loaded.target.hidden_size),
-            "aux_hidden_state_layer_ids": [int(i) for i in d.aux_layer_ids], "mask_token_id": int(d.mask_token_id),
-            "sample_from_anchor": True, "markov_rank": int(d.cfg.markov_rank), "markov_head_type": "vanilla",
-            "transformer_layer_config": layer, "torch_dtype": "float32"}
+    return layout_of(loaded.drafter.kind).config(loaded)
 
 
 def block_tensors(loaded) -> dict[str, torch.Tensor]:
@@ -155,13 +228,13 @@ def write_block_dir(loaded, out: Path) -> Path:
 
 
 def check_block_k(drafter, k: int) -> None:
-    """llama.cpp decodes a block of k + 1 (DFlash, DFlash 2) / k (DSpark) tokens: only one whole trained block is exact."""
-    from draftsmith.core.errors import UserError
-
+    """llama.cpp decodes a block of k + 1 (DFlash, DFlash 2: slot 0 is the anchor) / k (DSpark, which samples from
+    the anchor) tokens: only one whole trained block is exact."""
     most = block_drafts(drafter)
     if k != most:
+        anchor = 0 if getattr(drafter, "sample_from_anchor", False) else 1
         raise UserError(f"--num-speculative-tokens {k}: llama.cpp's draft-{drafter.kind} decodes a block of "
-                         f"{k + (0 if drafter.kind == 'dspark' else 1)} tokens for it, this {drafter.kind} was trained on "
+                         f"{k + anchor} tokens for it, this {drafter.kind} was trained on "
                          f"blocks of {drafter.block_size} (it drafts {most}); pass {most} (--k {most} for eval)")
 
 

@@ -24,7 +24,6 @@ import torch
 from draftsmith.export.common import (
     DTYPES,
     EXPORTERS,
-    Exporter,
     ExportFiles,
     ExportOptions,
     Layout,
@@ -46,6 +45,7 @@ from draftsmith.export.common import (
     sidecar,
     verifier_name,
 )
+from draftsmith.export.exporter import Exporter
 
 LLAMA_KEYS = [
     "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",

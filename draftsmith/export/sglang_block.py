@@ -45,9 +45,14 @@ from draftsmith.export.common import (
     sidecar,
     verifier_name,
 )
+from draftsmith.export.engine_gaps import REFUSED
 from draftsmith.export.vllm import load_plain
 from draftsmith.export.vllm_parallel import QWEN3_LAYER_KEYS, dspark_head_problems, speculative_tokens
 from draftsmith.export.vllm_parallel import BlockLayout as VLLMBlockLayout
+
+# SGLang reads z-lab's DFlash 2 config, which draftsmith writes only for --to llama.cpp (export/llamacpp_block.py).
+REFUSED.register("sglang", "dflash2", "SGLang serves DFlash 2 through sgl-project/sglang#35371 (z-lab's "
+                 "DFlash2DraftModel config), a format draftsmith does not write yet")
 
 SGLANG_VERSION = "0.5.23"  # the SGLang release whose loaders this layout is read from
 NOT_SERVED = ("lm_head.weight", "d2t", "t2d")  # SGLang uses the target's lm_head and vocabulary
@@ -68,7 +73,7 @@ def borrowed_head_problem(drafter, target) -> str | None:
     return None
 
 
-@layouts("sglang").register("block")
+@layouts("sglang").register("dflash")
 class SGLangBlockLayout(Layout):
     """DFlash as SGLang's DFlashDraftModel (see the module docstring)."""
 

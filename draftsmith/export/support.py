@@ -1,29 +1,54 @@
-"""Which export formats take a drafter kind, and why a kind (exported in a format) cannot serve a
-target: the kind's own refusals (heads.refusals: rope, an unreadable config) plus the format's
-layout's (e.g. SGLang's and TensorRT-LLM's aux ids name layer outputs). inspect, the architecture
-matrix and `draftsmith export` ask here; the answers come from the kind's class and the layouts."""
+"""The one answer to "can drafter kind K go to export format F (at engine release V, for a target of config C),
+and if not, why": can_export. `draftsmith export`, inspect, ls and the architecture matrix all ask it. Its
+inputs, each registered where the fact lives:
+  - the format's layouts, registered per kind in the format's file (common.layouts); none: the format's
+    one-line refusal (engine_gaps.REFUSED: an engine's draft format draftsmith does not write yet, or a
+    drafter the engine does not have), else the generic one (common.not_taken);
+  - the engine releases that serve the kind (engine_versions.SERVING, per (engine, kind));
+  - for a target config: the kind's own refusals (heads.refusals: rope, an unreadable config) and the
+    layout's (Layout.refusals: e.g. SGLang's aux ids name layer outputs, llama.cpp's feature capture).
+"""
 from __future__ import annotations
 
 from draftsmith import heads
-from draftsmith.export.common import EXPORTERS
+from draftsmith.core.errors import UserError
+from draftsmith.export import engine_versions
+from draftsmith.export.common import EXPORTERS, layouts, not_taken
+
+
+def can_export(kind: str, fmt: str, engine_version: str | None = None, target_config=None) -> list[str]:
+    """Why a `kind` drafter cannot be exported as `fmt` for engine release `engine_version` (None: the newest
+    release read, the export's default) and, when given, a target of transformers config `target_config`;
+    [] when it can. Each reason is one line, as `draftsmith export` prints it."""
+    if target_config is not None:
+        reasons = heads.refusals(target_config, kind)
+        if reasons:
+            return reasons
+    if fmt not in EXPORTERS:
+        return [f"--to {fmt}: no such export format (formats: {', '.join(EXPORTERS.names())})"]
+    why = not_taken(fmt, kind)
+    if why:
+        return [why]
+    reasons = []
+    if target_config is not None:
+        exporter = EXPORTERS.get(fmt)
+        reasons += layouts(fmt).get(kind)(fmt, exporter.engine, kind).refusals(target_config)
+    try:
+        engine_versions.check(fmt, engine_versions.resolve(fmt, engine_version), kind)
+    except UserError as exc:
+        reasons.append(str(exc))
+    return reasons
 
 
 def formats_for(kind: str) -> list[str]:
-    """The export formats whose exporter has a layout for drafter kind `kind` (sorted)."""
-    named = heads.DRAFTERS.get(kind).export_layouts if kind in heads.DRAFTERS else {}
-    return [name for name in EXPORTERS.names() if name in named]
+    """The export formats that take drafter kind `kind` at some engine release read (sorted)."""
+    return [fmt for fmt in EXPORTERS.names()
+            if any(not can_export(kind, fmt, v) for v in engine_versions.versions(fmt) or [None])]
 
 
 def refusals(config, kind: str, fmt: str | None = None) -> list[str]:
-    """Why `kind` (exported as `fmt`, when given) cannot serve a target of transformers `config`; [] when it can."""
-    reasons = heads.refusals(config, kind)
-    if reasons or fmt is None:
-        return reasons
-    from draftsmith.export import engine_versions
-
-    reasons = EXPORTERS.get(fmt)().layout(kind).refusals(config)
-    try:  # the newest engine release read (the export's default --engine-version) must serve the kind
-        engine_versions.check(fmt, engine_versions.resolve(fmt, None), kind)
-    except ValueError as exc:
-        reasons.append(str(exc))
-    return reasons
+    """Why `kind` (exported as `fmt`, when given, at its newest engine release) cannot serve a target of
+    transformers `config`; [] when it can."""
+    if fmt is None:
+        return heads.refusals(config, kind)
+    return can_export(kind, fmt, None, config)

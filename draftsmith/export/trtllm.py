@@ -17,6 +17,14 @@ The serving config is written next to the weights as extra_llm_api_options.yaml:
     trtllm-serve VERIFIER --backend pytorch --extra_llm_api_options OUT/extra_llm_api_options.yaml
 (newer releases also accept it as `--config`; older ones spell speculative_model as
 speculative_model_dir).
+
+Drafters TensorRT-LLM serves that draftsmith does not export to it (REFUSED below, found by reading its source;
+docs/export.md, "Block drafters in SGLang and TensorRT-LLM", says where): DFlash (PR #12794,
+`DFlashDecodingConfig`, tensorrt_llm/_torch/speculative/dflash.py) and DSpark (`DSparkDecodingConfig`,
+_torch/speculative/dspark.py) are in its main branch and documented for the 1.3.0rc and 1.4.0rc pre-releases
+only; the newest stable release on PyPI is 1.2.1 (1.2.0, March 2026, predates PR #12794), and PyPI ships it as
+an sdist that fetches the wheel from NVIDIA's index, which this project cannot read, so no released loader
+could be checked.
 """
 from __future__ import annotations
 
@@ -29,7 +37,6 @@ from draftsmith.data import draft_vocab
 from draftsmith.export.common import (
     DTYPES,
     EXPORTERS,
-    Exporter,
     ExportFiles,
     ExportOptions,
     Layout,
@@ -53,9 +60,18 @@ from draftsmith.export.common import (
     verifier_name,
     yaml_scalar,
 )
+from draftsmith.export.engine_gaps import REFUSED
+from draftsmith.export.exporter import Exporter
 from draftsmith.export.sglang import LLAMA_KEYS
 
 SERVE_FILE = "extra_llm_api_options.yaml"
+_PRERELEASE = ("TensorRT-LLM's {name} drafter ({config}, tensorrt_llm/_torch/speculative/{file}) exists only in the "
+               "1.3.0rc / 1.4.0rc pre-releases, not in the stable 1.2.x, so draftsmith has no released loader to check "
+               "the export against; export it with {{fits}}")
+REFUSED.register("trtllm", "dflash", _PRERELEASE.format(name="DFlash", config="DFlashDecodingConfig, PR #12794",
+                                                         file="dflash.py"), whole=True)
+REFUSED.register("trtllm", "dspark", _PRERELEASE.format(name="DSpark", config="DSparkDecodingConfig", file="dspark.py"),
+                 whole=True)
 EAGLE_CONFIG_KEYS = [
     "eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state", "use_input_layernorm_in_first_layer",
     "use_last_layernorm", "use_mtp_layernorm", "next_layer_regular", "parallel_draft_step",

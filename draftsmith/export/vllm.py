@@ -44,7 +44,6 @@ from draftsmith.export.common import (
     DTYPES,
     EXPORTERS,
     SIDECAR_FILE,
-    Exporter,
     ExportFiles,
     ExportOptions,
     Layout,
@@ -67,6 +66,7 @@ from draftsmith.export.common import (
     window_fields,
     window_problems,
 )
+from draftsmith.export.exporter import Exporter
 from draftsmith.export.sglang import LLAMA_KEYS
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose loader this format is tested against
@@ -89,7 +89,11 @@ class VLLMExporter(Exporter):
 class VLLMLayout(Layout):
     """What every vLLM layout shares: K, the sidecar and the `vllm serve --speculative-config` command."""
 
-    method: str | None = None  # the speculative-config method; None: vLLM reads it from the speculators config
+    @property
+    def method(self) -> str | None:
+        """The --speculative-config method: the kind's name (eagle3, medusa, ...; the kind this layout is
+        registered for) unless a layout names another (EAGLE-1: "eagle")."""
+        return self.kind
     limit_option: str | None = None  # drafter.OPTION that bounds K (heads, stages, depths); None: no bound
     serve_fields: dict = {}  # more --speculative-config fields (P-EAGLE: parallel_drafting)
 
@@ -174,7 +178,6 @@ def embedding_problems(tensors: dict, embed: torch.nn.Embedding, whose: str) -> 
 class Eagle3Layout(VLLMLayout):
     """EAGLE-3 in the speculators format (see the module docstring)."""
 
-    method = "eagle3"
     carries_vocab_map = True
 
     def default_k(self, drafter) -> int:
@@ -187,7 +190,7 @@ class Eagle3Layout(VLLMLayout):
                  **window_fields(d, 1)}  # drafter.sliding_window: vLLM's Llama attention reads layer_types
         config = {
             "architectures": ["Eagle3Speculator"],
-            "speculators_model_type": "eagle3",
+            "speculators_model_type": self.kind,
             "speculators_version": SPECULATORS_VERSION,
             "draft_vocab_size": int(d.d2t.shape[0]),
             # written explicitly: vLLM defaults a missing norm_before_residual to true
@@ -198,7 +201,7 @@ class Eagle3Layout(VLLMLayout):
             "target_hidden_size": target.hidden_size,
             "eagle_aux_hidden_state_layer_ids": list(d.aux_layer_ids),
             "transformer_layer_config": layer,
-            "speculators_config": speculators_config(loaded, opts, "eagle3", k),
+            "speculators_config": speculators_config(loaded, opts, self.kind, k),
             "torch_dtype": dtype_name(dtype),
             "dtype": dtype_name(dtype),
         }
@@ -226,8 +229,8 @@ class Eagle3Layout(VLLMLayout):
 
     def check_format(self, export_dir: Path, config: dict, tensors: dict, loaded) -> list[str]:
         problems = []
-        if config["architectures"] != ["Eagle3Speculator"] or config["speculators_model_type"] != "eagle3":
-            problems.append("config.json: needs architectures ['Eagle3Speculator'] and speculators_model_type 'eagle3'")
+        if config["architectures"] != ["Eagle3Speculator"] or config["speculators_model_type"] != self.kind:
+            problems.append(f"config.json: needs architectures ['Eagle3Speculator'] and speculators_model_type {self.kind!r}")
         problems += eagle3_norm_problems(config, loaded.drafter)
         if config.get("norm_before_fc"):
             problems.append("config.json: norm_before_fc must be false (draftsmith's EAGLE-3 has no input_norm)")
@@ -252,7 +255,6 @@ class Eagle3Layout(VLLMLayout):
 class MedusaLayout(VLLMLayout):
     """vllm/model_executor/models/medusa.py (see the module docstring); Medusa-2 adds adapter/."""
 
-    method = "medusa"
     limit_option = "num_heads"
 
     def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:
@@ -273,7 +275,7 @@ class MedusaLayout(VLLMLayout):
             vocab = medusa_vocab.vocab_fields(d, engine_versions.resolve("vllm", opts.engine_version))
         config = {
             "architectures": ["MedusaModel"],
-            "model_type": "medusa",
+            "model_type": self.kind,
             "num_heads": d.cfg.num_heads,
             "num_hidden_layers": d.cfg.num_layers,
             "hidden_size": target.hidden_size,
@@ -311,7 +313,7 @@ class MedusaLayout(VLLMLayout):
         return spec
 
     def check_format(self, export_dir: Path, config: dict, tensors: dict, loaded) -> list[str]:
-        return check_medusa(export_dir, config, loaded, tensors)
+        return check_medusa(export_dir, config, loaded, tensors, self.kind)
 
     def load_back(self, export_dir: Path, loaded):
         config, _, tensors = read_export(export_dir)
@@ -341,7 +343,6 @@ class MedusaLayout(VLLMLayout):
 class MLPSpeculatorLayout(VLLMLayout):
     """vllm/model_executor/models/mlp_speculator.py (see the module docstring)."""
 
-    method = "mlp_speculator"
     limit_option = "n_predict"
 
     def files(self, loaded, dtype, k, opts):
@@ -349,7 +350,7 @@ class MLPSpeculatorLayout(VLLMLayout):
         c = d.cfg
         config = {
             "architectures": ["MLPSpeculatorPreTrainedModel"],
-            "model_type": "mlp_speculator",
+            "model_type": self.kind,
             "vocab_size": target.vocab_size,
             "emb_dim": target.hidden_size,
             "inner_dim": d.inner_dim,
@@ -372,7 +373,7 @@ class MLPSpeculatorLayout(VLLMLayout):
         return mlp_tensor_spec(config, DTYPES[config["torch_dtype"]])
 
     def check_format(self, export_dir: Path, config: dict, tensors: dict, loaded) -> list[str]:
-        return check_mlp(config, loaded)
+        return check_mlp(config, loaded, self.kind)
 
 
 def mlp_tensor_spec(config: dict, dtype: torch.dtype) -> dict[str, TensorSpec]:
@@ -411,12 +412,12 @@ def _mismatches(config: dict, want: dict) -> list[str]:
             for key, value in want.items() if config.get(key) != value]
 
 
-def check_medusa(export_dir: Path, config: dict, loaded, tensors: dict) -> list[str]:
+def check_medusa(export_dir: Path, config: dict, loaded, tensors: dict, model_type: str) -> list[str]:
     """Medusa config.json against the trained heads and vLLM's MedusaConfig; a draft vocabulary's
     truncated_vocab_size / token_map as vLLM's loader reads them (export/medusa_vocab.py); the Medusa-2 adapter."""
     d, target = loaded.drafter, loaded.target
     problems = _mismatches(config, {
-        "architectures": ["MedusaModel"], "model_type": "medusa", "num_heads": d.cfg.num_heads,
+        "architectures": ["MedusaModel"], "model_type": model_type, "num_heads": d.cfg.num_heads,
         "num_hidden_layers": d.cfg.num_layers, "hidden_size": target.hidden_size, "vocab_size": target.vocab_size,
         # vLLM's heads project onto truncated_vocab_size rows; below vocab_size it maps them through token_map
         "truncated_vocab_size": d.cfg.draft_vocab_size or target.vocab_size,
@@ -462,12 +463,12 @@ def check_medusa2_adapter(export_dir: Path, loaded) -> list[str]:
     return []
 
 
-def check_mlp(config: dict, loaded) -> list[str]:
+def check_mlp(config: dict, loaded, model_type: str) -> list[str]:
     """MLP speculator config.json against the trained stages and vLLM's MLPSpeculatorConfig."""
     d, target = loaded.drafter, loaded.target
     c = d.cfg
     problems = _mismatches(config, {
-        "architectures": ["MLPSpeculatorPreTrainedModel"], "model_type": "mlp_speculator",
+        "architectures": ["MLPSpeculatorPreTrainedModel"], "model_type": model_type,
         "vocab_size": target.vocab_size, "emb_dim": target.hidden_size, "inner_dim": d.inner_dim,
         "n_predict": c.n_predict, "tie_weights": c.tie_weights, "scale_input": c.scale_input,
     })

@@ -1,6 +1,6 @@
 """vLLM (speculators format) for the parallel drafters: DFlash and DSpark (block drafters), P-EAGLE.
-Three layouts registered under vllm: block (DFlash), dspark (block + its Markov and confidence heads)
-and peagle; the EAGLE-3 / Medusa / MLP layouts are in vllm.py.
+Three layouts registered under vllm by kind: DFlash's (the block layout), DSpark's (the block layout + its
+Markov and confidence heads) and P-EAGLE's; the EAGLE-3 / Medusa / MLP layouts are in vllm.py.
 
 Read from speculators 0.9.0 (models/dflash/config.py, core.py; models/dspark/config.py, core.py):
   config.json  speculators_model_type "dflash" | "dspark", architectures ["DFlashSpeculator"] |
@@ -37,6 +37,7 @@ from draftsmith.export.common import (
     cast_floats,
     check_eagle3_aux_count,
     dtype_name,
+    kind_of_layout,
     layouts,
     llama_fields,
     read_export,
@@ -44,6 +45,7 @@ from draftsmith.export.common import (
     window_fields,
     window_problems,
 )
+from draftsmith.export.engine_gaps import REFUSED
 from draftsmith.export.vllm import (
     SPECULATORS_VERSION,
     Eagle3Layout,
@@ -52,6 +54,12 @@ from draftsmith.export.vllm import (
     load_plain,
     speculators_config,
 )
+
+# vLLM reads z-lab's DFlash 2 checkpoint contract (architectures ["DFlash2DraftModel"], a nested dflash_config),
+# not speculators' flat dflash2 config (speculators' docs/user_guide/algorithms/dflash2.md says so); draftsmith
+# writes that contract only for --to llama.cpp (export/llamacpp_block.py).
+REFUSED.register("vllm", "dflash2", "vLLM serves DFlash 2 through vllm-project/vllm#52816 (architecture "
+                 "DFlash2DraftModel, z-lab's nested dflash_config), a format draftsmith does not write yet")
 
 QWEN3_LAYER_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                     "num_key_value_heads", "head_dim", "rms_norm_eps", "vocab_size", "max_position_embeddings",
@@ -78,10 +86,10 @@ def drafter_weights(tensors: dict[str, torch.Tensor], loaded, keep_embedding: bo
     return weights
 
 
-@layouts("vllm").register("block")
+@layouts("vllm").register("dflash")
 class BlockLayout(VLLMLayout):
     """DFlash: speculators' DFlashSpeculator (see the module docstring). The speculators model type, the
-    algorithm and vLLM's method are the drafter's kind name."""
+    algorithm and vLLM's method are the kind's name (the kind this layout is registered for)."""
 
     arch = "DFlashSpeculator"
 
@@ -100,10 +108,6 @@ class BlockLayout(VLLMLayout):
             raise UserError(f"--num-speculative-tokens {k} exceeds what one {drafter.kind} block drafts ({most} = "
                              f"block_size {drafter.block_size} - anchor); pass --num-speculative-tokens <= {most} or "
                              "retrain with a larger drafter.block_size")
-
-    def serve_command(self, out_dir: Path, loaded, opts) -> str:
-        self.method = loaded.drafter.kind
-        return super().serve_command(out_dir, loaded, opts)
 
     def extra_config(self, drafter) -> dict:
         return {}
@@ -227,21 +231,10 @@ def dspark_serve_fields(drafter, opts) -> dict:
     return fields
 
 
-def check_dspark_options(fmt: str, kind: str, opts) -> None:
-    """--no-adaptive-verification and --dspark-draft-topk apply to vLLM DSpark exports only: refuse them elsewhere."""
-    if fmt == "vllm" and kind == "dspark":
-        return
-    for flag, given in (("--no-adaptive-verification", not opts.adaptive_verification),
-                        ("--dspark-draft-topk", opts.dspark_draft_topk is not None)):
-        if given:
-            raise UserError(f"{flag} applies to --to vllm exports of dspark drafters (vLLM's DSpark speculative-config "
-                             f"fields), not to --to {fmt} {kind}: drop the flag")
-
-
-def dspark_options_for_release(fmt: str, kind: str, opts, version: str | None):
+def dspark_options_for_release(opts, version: str | None):
     """`opts` for the vLLM release the export is checked against: below DSPARK_SERVING_SINCE (0.27 rejects the
     adaptive-verification fields) the serve command is the fixed-K one; --dspark-draft-topk is refused there."""
-    if fmt != "vllm" or kind != "dspark" or version is None:
+    if version is None:
         return opts
     if tuple(map(int, version.split("."))) >= tuple(map(int, DSPARK_SERVING_SINCE.split("."))):
         return opts
@@ -257,6 +250,10 @@ class DSparkLayout(BlockLayout):
     vLLM's adaptive verification unless --no-adaptive-verification (see dspark_serve_fields)."""
 
     arch = "DSparkSpeculator"
+    own_options = frozenset({"adaptive_verification", "dspark_draft_topk"})  # vLLM's DSpark speculative-config fields
+
+    def options_for(self, opts, version: str | None):
+        return dspark_options_for_release(opts, version)
 
     def build(self, loaded, opts, out_dir: Path):
         files = super().build(loaded, opts, out_dir)
@@ -318,9 +315,13 @@ def dspark_head_problems(config: dict, tensors: dict, drafter) -> list[str]:
 # without a method vLLM picks draft_model and parallel_drafting stays off.
 @layouts("vllm").register("peagle")
 class PEagleLayout(Eagle3Layout):
-    method = "eagle3"
     serve_fields = {"parallel_drafting": True}
     limit_option = "num_depths"
+
+    @property
+    def method(self) -> str:
+        """vLLM serves P-EAGLE through its EAGLE-3 method (the kind Eagle3Layout is registered for)."""
+        return kind_of_layout(self.name, Eagle3Layout)
     carries_vocab_map = False
 
     def default_k(self, drafter) -> int:
@@ -330,9 +331,9 @@ class PEagleLayout(Eagle3Layout):
         d = loaded.drafter
         check_eagle3_aux_count(d.aux_layer_ids, "vLLM")
         eagle3_config = super().files(loaded, dtype, k, opts)[0]
-        config = {**eagle3_config, "architectures": ["PEagleSpeculator"], "speculators_model_type": "peagle",
+        # speculators_model_type and the algorithm are already this kind's (Eagle3Layout writes self.kind)
+        config = {**eagle3_config, "architectures": ["PEagleSpeculator"],
                   "mask_token_id": d.mask_token_id, "embed_requires_grad": bool(d.cfg.train_embedding)}
-        config["speculators_config"] = {**config["speculators_config"], "algorithm": "peagle"}
         tensors = cast_floats(d.state_dict_for_export(), dtype)
         tensors = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in tensors.items()}
         if full_vocab(d):

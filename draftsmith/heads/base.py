@@ -144,12 +144,6 @@ class Drafter(nn.Module):
     # Small options for the architecture matrix (matrix.py) and other smoke runs: one cell trains, drafts
     # and exports in well under a second on one CPU thread.
     tiny_options: ClassVar[dict] = {}
-    # Export format -> the layout registered under that format's exporter for this kind (export/):
-    # e.g. {"vllm": "block"} for the block drafters. A format not named here does not take the kind.
-    export_layouts: ClassVar[dict[str, str]] = {}
-    # Export format -> one line saying why the kind is not exported there (an engine that serves it in a format
-    # draftsmith does not write yet, naming where that format is defined); `draftsmith export --to` prints it.
-    export_refused: ClassVar[dict[str, str]] = {}
 
     @classmethod
     def refusals(cls, config) -> list[str]:

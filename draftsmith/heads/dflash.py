@@ -26,7 +26,6 @@ class DFlashDrafter(BlockDrafting, Drafter):
     drafts_block = True
     uses_draft_rope = True
     tiny_options = {"block_size": 4, "num_layers": 1, "num_anchors": 4}  # one forward drafts 3
-    export_layouts = {"vllm": "block", "sglang": "block"}
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "aux_hidden_states", "target_logits"})
 
     @dataclass

@@ -144,17 +144,6 @@ class DFlash2Drafter(BlockDrafting, Drafter):
     uses_draft_rope = True
     tiny_options = {"block_size": 4, "num_layers": 1, "num_anchors": 4, "selector_rank": 8, "selector_top_k": 4,
                     "conv_group_size": 8}
-    export_layouts = {}  # see export_refused
-    # vLLM and SGLang read z-lab's checkpoint contract (architectures ["DFlash2DraftModel"], a nested
-    # dflash_config), not speculators' flat dflash2 config (speculators' docs/user_guide/algorithms/dflash2.md
-    # says so); draftsmith writes that contract only for --to llama.cpp (export/llamacpp_block.py, the converter
-    # of ggml-org/llama.cpp#27342), so those two formats refuse the kind with the PR that defines their reader.
-    export_refused = {
-        "vllm": "vLLM serves DFlash 2 through vllm-project/vllm#52816 (architecture DFlash2DraftModel, z-lab's nested "
-                "dflash_config), a format draftsmith does not write yet",
-        "sglang": "SGLang serves DFlash 2 through sgl-project/sglang#35371 (z-lab's DFlash2DraftModel config), a "
-                  "format draftsmith does not write yet",
-    }
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "aux_hidden_states", "target_logits"})
 
     @dataclass

@@ -45,7 +45,6 @@ class DraftLMDrafter(Drafter):
     kind = "draft_lm"
     is_draft_model = True
     tiny_options = {"init": "shrink", "shrink_layers": 1}
-    export_layouts = {"hf": "draft_lm"}
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "target_logits"})
 
     @dataclass

@@ -38,8 +38,6 @@ class Eagle1Drafter(Drafter):
     kind = "eagle1"
     uses_draft_rope = True
     tiny_options = {"fc_bias": False}  # the matrix exports it to vLLM too, whose fc has no bias
-    # vLLM (model_executor/models/llama_eagle.py) and SGLang (srt/models/llama_eagle.py): export/eagle1.py
-    export_layouts = {"vllm": "eagle1", "sglang": "eagle1"}
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "last_hidden_state", "target_logits"})
 
     @dataclass

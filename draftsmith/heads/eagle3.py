@@ -57,7 +57,6 @@ class Eagle3Drafter(Drafter):
     drafts_block = False
     uses_draft_rope = True
     tiny_options = {"ttt_steps": 2, "draft_vocab_size": 128}
-    export_layouts = {"vllm": "eagle3", "sglang": "eagle3", "trtllm": "eagle3"}
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "aux_hidden_states", "target_logits"})
 
     @dataclass

@@ -81,7 +81,6 @@ def shared_weight_copy(model: nn.Module) -> nn.Module:
 class MedusaDrafter(Drafter):
     kind = "medusa"
     tiny_options = {"num_heads": 2}
-    export_layouts = {"vllm": "medusa"}
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "last_hidden_state", "target_logits"})
 
     @dataclass

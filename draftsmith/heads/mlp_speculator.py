@@ -55,7 +55,6 @@ class SpeculatorNorm(nn.Module):
 class MLPSpeculatorDrafter(Drafter):
     kind = "mlp_speculator"
     tiny_options = {"n_predict": 2}
-    export_layouts = {"vllm": "mlp_speculator"}
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "last_hidden_state", "target_logits"})
 
     @dataclass

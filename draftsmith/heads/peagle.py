@@ -49,7 +49,6 @@ class PEagleDrafter(Drafter):
     drafts_block = True
     uses_draft_rope = True
     tiny_options = {"num_depths": 3}
-    export_layouts = {"vllm": "peagle"}
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "aux_hidden_states", "target_logits"})
 
     @dataclass

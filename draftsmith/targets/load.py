@@ -26,7 +26,7 @@ from torch import nn
 
 from draftsmith.core.errors import UserError
 
-BUILTIN_DIR = Path(__file__).parent.parent / "assets"  # draftsmith/assets (pyproject package data)
+BUILTIN_DIR = Path(__file__).resolve().parent.parent / "assets"  # draftsmith/assets
 GGUF_SUFFIX = ".gguf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

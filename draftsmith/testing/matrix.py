@@ -6,8 +6,9 @@ end to end on random weights (correctness only, never acceptance):
   2. train     2 optimizer steps through the one training loop (train/loop.py) give finite losses;
   3. lossless  greedy speculative output == target-only output (eval/loop.py), with rejections;
   4. export    every format that takes the kind validates (export/validate.py: names, shapes,
-               rope, verifier, round trip), and the fields the engine's draft reads are the target's;
-or a refusal at config time (export.refusals: the kind's class and each format's layout) naming the
+               rope, verifier, round trip), and the fields the engine's draft reads are the target's
+               (a format checked by its engine's own program, llama.cpp, is marked "not run");
+or a refusal at config time (export.can_export: the kind's class and each format's layout) naming the
 unsupported feature. The kinds are every registered one (DRAFTERS.names()), each with its class's
 tiny_options.
 
@@ -27,9 +28,11 @@ from pathlib import Path
 import torch
 
 from draftsmith import testing
+from draftsmith.export import EXPORTERS, can_export, refusals
 from draftsmith.export import formats_for as export_formats_for
-from draftsmith.export import refusals
 from draftsmith.heads import DRAFTERS
+
+NOT_RUN = "not run: checked by its engine's own program, not in-process (the format's round-trip tests run it)"
 
 
 def matrix_kinds() -> list[str]:
@@ -154,9 +157,12 @@ def run_cell(arch: str, kind: str, target, target_dir: Path, data: Path, workdir
             cell.checks["export"] = f"no export format takes {kind} drafters"
         for fmt in export_formats_for(kind):
             step = f"export {fmt}"
-            why = refusals(target.config, kind, fmt)
+            why = can_export(kind, fmt, None, target.config)
             if why:
                 cell.checks[f"export {fmt}"] = "refused: " + "; ".join(why)
+                continue
+            if not EXPORTERS.get(fmt).checked_in_process:  # llama.cpp: llama-server checks it, in its own tests
+                cell.checks[f"export {fmt}"] = NOT_RUN
                 continue
             cell.checks[f"export {fmt}"] = check_export(loaded, fmt, workdir / f"{kind}-{fmt}")
             cell.exports[fmt] = workdir / f"{kind}-{fmt}"

@@ -34,8 +34,12 @@ def test_inspect_reports_a_gemma2_target(gemma2_dir, capsys):
     # 4 * 32 values, 2 bytes each in bf16, + 5 bytes of ids and mask
     assert rep["feature_bytes_per_token"]["eagle3"] == {"float32": 517, "bfloat16": 261, "float16": 261}
     assert set(rep["feature_bytes_per_token"]) == set(DRAFTERS.names())
-    assert rep["kinds"]["eagle3"] == {"refusals": [], "formats": {"sglang": [], "trtllm": [], "vllm": []}}
-    assert rep["kinds"]["draft_lm"]["formats"] == {"hf": []}
+    # llama.cpp serves EAGLE-3, but its gemma2 graph stores no layer inputs: named, with the reason
+    formats = rep["kinds"]["eagle3"]["formats"]
+    assert rep["kinds"]["eagle3"]["refusals"] == [] and set(formats) == {"llama.cpp", "sglang", "trtllm", "vllm"}
+    assert {f: r for f, r in formats.items() if r} == {"llama.cpp": [formats["llama.cpp"][0]]}
+    assert "model_type 'gemma2' has no EAGLE-3 feature capture in llama.cpp" in formats["llama.cpp"][0]
+    assert rep["kinds"]["draft_lm"]["formats"] == {"hf": [], "llama.cpp": []}
     assert cli_main(["inspect", str(gemma2_dir)]) == 0
     text = capsys.readouterr().out
     assert "chat template: yes; EOS ids [2]" in text and "eagle3: ok; export: sglang, trtllm, vllm" in text

@@ -11,7 +11,7 @@ from conftest import make_checkpoint
 
 from draftsmith import checkpoint
 from draftsmith.export import EXPORTERS, engine_versions, export, refusals
-from draftsmith.export.common import ExportOptions
+from draftsmith.export.common import ExportOptions, layouts
 from draftsmith.heads import DRAFTERS
 
 
@@ -101,10 +101,10 @@ def test_engine_version_is_refused_for_formats_without_a_table(ckpts, tmp_path, 
 
 def test_every_kind_of_a_versioned_format_has_a_row_per_release():
     for fmt in engine_versions.ENGINE_NAMES:
-        kinds = [k for k in DRAFTERS.names() if fmt in DRAFTERS.get(k).export_layouts]
-        assert kinds and set(kinds) <= set(EXPORTERS.get(fmt)().kinds)
+        kinds = [k for k in DRAFTERS.names() if k in layouts(fmt)]
+        assert kinds and set(kinds) == set(EXPORTERS.get(fmt)().kinds)
         for version in engine_versions.versions(fmt):
-            rows = engine_versions.SERVING[(fmt, version)]
+            rows = engine_versions.SERVING.row(fmt, version)
             assert set(rows) == set(kinds), (fmt, version, sorted(set(kinds) ^ set(rows)))
             for kind, row in rows.items():
                 assert row.source and (row.served or row.why), (fmt, version, kind)

@@ -33,8 +33,8 @@ def test_block_drafters_on_a_llama_target_are_served(kind):
     loaded = block_loaded(kind)
     assert llamacpp.refusal(loaded) is None
     # DFlash 2 is llama.cpp's draft-dflash: speculative.cpp walks the selector when the GGUF has selector_top_k
-    assert llamacpp.SPEC_TYPES[kind] == ("draft-dflash" if kind == "dflash2" else f"draft-{kind}")
-    assert llamacpp.DRAFT_FILES[kind] == f"draft-{kind}.gguf"
+    assert llamacpp.layout_of(kind).spec_type == ("draft-dflash" if kind == "dflash2" else f"draft-{kind}")
+    assert llamacpp.layout_of(kind).draft_file == f"draft-{kind}.gguf"
 
 
 def test_dflash2_directory_is_zlab_dflash2_layout_with_conv_and_selector(tmp_path):
@@ -107,7 +107,7 @@ def test_dspark_with_a_reduced_vocabulary_and_a_trained_head_is_served():
 @pytest.mark.parametrize("kind", ["dflash", "dspark"])
 def test_block_drafters_on_targets_llamacpp_cannot_feed_are_refused(kind):
     why = llamacpp.refusal(block_loaded(kind, target=arch_target("gemma3-text")))
-    assert f"no {llamacpp.KIND_NAMES[kind]} feature capture" in why
+    assert f"no {llamacpp.layout_of(kind).title} feature capture" in why
     why = llamacpp.refusal(block_loaded(kind, target=arch_target("llama3")))
     assert "rope_type 'llama3'" in why and "\n" not in why
 

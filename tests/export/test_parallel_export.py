@@ -71,7 +71,7 @@ def test_refusals(ckpts, tmp_path):
     path, loaded = ckpts["dflash"]
     with pytest.raises(ValueError, match=r"exceeds what one dflash block drafts \(3"):
         export(path, "vllm", tmp_path / "k", ExportOptions(num_speculative_tokens=5), loaded=loaded)
-    with pytest.raises(ValueError, match="--to hf does not take dflash drafters.*formats for dflash: \\['sglang', 'vllm'\\]"):
+    with pytest.raises(ValueError, match="--to hf does not take dflash drafters.*formats for dflash: \\['llama.cpp', 'sglang', 'vllm'\\]"):
         export(path, "hf", tmp_path / "hf", loaded=loaded)
     with pytest.raises(ValueError, match="TensorRT-LLM's DFlash drafter .* pre-releases"):
         export(path, "trtllm", tmp_path / "trtllm", loaded=loaded)

@@ -254,7 +254,9 @@ def test_llama_cpp_serves_full_vocab_dflash2_and_refuses_a_reduced_one_in_one_li
     from draftsmith.export import llamacpp
 
     target, d = make(draft_vocab_size=None, top_k=4)  # 4 * 5 <= hidden 32: the lattice fits one row
-    assert "llama.cpp" not in DFlash2Drafter.export_refused
+    from draftsmith.export import can_export
+
+    assert can_export("dflash2", "llama.cpp") == []
     assert llamacpp.refusal(SimpleNamespace(drafter=d, target=target)) is None
     target, d = make()  # draft vocabulary 100 of 259
     why = llamacpp.refusal(SimpleNamespace(drafter=d, target=target))
