@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from draftsmith.core import files
 from draftsmith.core.errors import UserError
 
 SCHEMA_NAME = "draftsmith.eval-results"
@@ -242,8 +243,10 @@ def load_result(path: str | Path) -> Result:
     """Read and validate one result file; raises MalformedResultError naming the file."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as err:
+        data = json.loads(files.read_received_text(path, "results file", files.MAX_RESULT_BYTES))
+    except UserError as err:  # a FIFO, /dev/zero, past the size bound, not UTF-8
+        raise MalformedResultError(str(err)) from None
+    except OSError as err:
         raise MalformedResultError(f"{path}: cannot read: {err}") from err
     except json.JSONDecodeError as err:
         raise MalformedResultError(f"{path}: not valid JSON ({err})") from err
