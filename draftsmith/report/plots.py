@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -14,6 +15,7 @@ from matplotlib.ticker import MaxNLocator
 
 from draftsmith.core.errors import UserError
 from draftsmith.report.leaderboard import ModelTable, Row
+from draftsmith.report.text_safe import plain_text
 
 DPI = 100
 
@@ -41,8 +43,16 @@ def _panels(n: int, width: float = 5.0, height: float = 3.6) -> tuple[Figure, li
 
 
 def _save(fig: Figure, path: Path) -> Path:
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):  # received names: no control character reaches the picture, nor (through
+        text.set_text(plain_text(text.get_text()))  # matplotlib's missing-glyph warning) the terminal
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
+    with warnings.catch_warnings(record=True) as caught:  # tick labels are made while drawing: a received name's
+        warnings.simplefilter("always")  # ESC would reach stderr inside matplotlib's missing-glyph warning
+        fig.savefig(path, format="png")
+    for w in caught:
+        warnings.warn(plain_text(str(w.message)), w.category, stacklevel=2)
     return path
 
 

@@ -8,6 +8,7 @@ import os
 import stat
 
 import pytest
+import torch
 
 from draftsmith import checkpoint
 from draftsmith.cli import main as cli_main
@@ -119,3 +120,21 @@ def test_export_refuses_a_profile_whose_recommendation_is_not_a_mapping(ckpt, tm
                                                          "recommendation": {"w": 5}}))
     with pytest.raises(UserError, match="speedup_profile.json: `recommendation` must map"):
         export(ck, "vllm", tmp_path / "out")
+
+
+def test_a_tiny_top_p_keeps_the_top_token():
+    from draftsmith.core.sampling import SamplingParams, logits_to_probs, sample
+
+    torch.manual_seed(0)
+    logits = torch.randn(4, 50) * 3
+    for top_p in (1e-300, 5e-324, 1e-12):
+        probs = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=top_p))
+        assert torch.equal(sample(probs), logits.argmax(-1))
+
+
+def test_a_jsonl_workload_row_that_is_not_an_object_is_one_line(ckpt, tmp_path, capsys):
+    rows = tmp_path / "p.jsonl"
+    rows.write_text('{"prompt": "hi"}\n[1, 2]\n')
+    argv = ["eval", "--proposer", "ngram", "--target", "builtin:pycode-tiny", "--workloads", f"jsonl:{rows}",
+            "--max-new-tokens", "4", "--warmup", "0", "--out", str(tmp_path / "r.json")]
+    _one_line(capsys, argv, f"jsonl:{rows}", "row 2 is a JSON list")

@@ -4,9 +4,10 @@ huge or forged values in a result are one line."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 
-from result_files import make_result, write
+from result_files import make_result, workload, write
 
 from draftsmith.cli import main as cli_main
 
@@ -64,3 +65,41 @@ def test_leaderboard_profile_linked_to_dev_zero_is_one_line(tmp_path, capsys):
     (tmp_path / "speedup_profile.json").symlink_to("/dev/zero")
     _one_line(capsys, ["leaderboard", str(tmp_path / "res"), "--out", str(tmp_path / "lb"),
                        "--profile", str(tmp_path / "speedup_profile.json")], "speedup_profile.json", "character device")
+
+
+def test_a_tau_of_10_to_the_400_is_one_line(tmp_path, capsys):
+    data = make_result(workloads={"w": workload(2.0, [0.8, 0.5, 0.3])})
+    text = json.dumps(data).replace('"pooled": 2.0', '"pooled": 1' + "0" * 400)
+    assert "0" * 400 in text
+    (tmp_path / "r.json").write_text(text)
+    _one_line(capsys, ["report", str(tmp_path / "r.json"), "--no-html"], "acceptance_length.pooled", "401 digits")
+
+
+def test_3001_workloads_or_a_5mb_name_are_refused_quickly(tmp_path, capsys):
+    import time
+
+    many = make_result(workloads={f"w{i}": workload(2.0, [0.8, 0.5, 0.3]) for i in range(3001)})
+    write(tmp_path / "many.json", many)
+    named = make_result(drafter="d" * (5 << 20))
+    write(tmp_path / "named.json", named)
+    start = time.monotonic()
+    _one_line(capsys, ["report", str(tmp_path / "many.json"), "--no-html"], "many.json", "3,001 workloads")
+    _one_line(capsys, ["report", str(tmp_path / "named.json"), "--no-html"], "named.json", "drafter.name",
+              "5,242,880 characters")
+    capsys.readouterr()
+    assert cli_main(["leaderboard", str(tmp_path / "many.json"), str(tmp_path / "named.json"),
+                     "--out", str(tmp_path / "lb")]) == 2
+    assert time.monotonic() - start < 30
+
+
+def test_no_escape_reaches_stderr_through_matplotlibs_missing_glyph_warning(tmp_path, capfd):
+    result = write(tmp_path / "r.json", make_result(drafter="evil\x1b]0;owned\x07\x1b[2J",
+                                                    workloads={"w\x1b[31m": workload(2.0, [0.8, 0.5, 0.3])}))
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:  # outside pytest a warning prints on stderr
+        warnings.simplefilter("always")
+        assert cli_main(["report", str(result), "--html", str(tmp_path / "r.html")]) == 0
+    out, err = capfd.readouterr()
+    err += "".join(str(w.message) for w in caught)
+    assert "\x1b" not in out and "\x1b" not in err and "\x07" not in err
