@@ -168,7 +168,13 @@ MAX_TRAINING_LOG_BYTES = 64 * 1024 * 1024  # a metrics.jsonl of ~200k logged ste
 
 def read_training_log(path: Path) -> list[dict]:
     """metrics.jsonl of the training loop: one JSON object per logged step ("step", "loss", "acc_0"..)."""
-    size = Path(path).stat().st_size
+    import stat
+
+    from draftsmith.core.files import file_kind
+
+    mode, size = Path(path).stat().st_mode, Path(path).stat().st_size
+    if not stat.S_ISREG(mode):  # a FIFO would block the read, /dev/zero would fill it
+        raise UserError(f"{path}: is {file_kind(mode)}, not a regular file; a training log is a metrics.jsonl file")
     if size > MAX_TRAINING_LOG_BYTES:  # bounded: a result may name any file (a sparse 50 GB one, say)
         raise UserError(f"{path}: {size:,} bytes is more than a training log may hold "
                          f"({MAX_TRAINING_LOG_BYTES:,}); plot a shorter metrics.jsonl")
