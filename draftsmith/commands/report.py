@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from draftsmith.commands.leaderboard import resolve_training_log
-from draftsmith.core.files import check_output_file, write_text_atomically
+from draftsmith.core.files import check_output_file, disk_full_guard, write_text_atomically
 from draftsmith.report import html as H
 from draftsmith.report import plots
 from draftsmith.report.leaderboard import METRIC_COLUMNS, ModelTable, Row, build_rows, model_tables
@@ -84,7 +84,8 @@ def write_html(result: Result, rows: list[Row], tables: list[ModelTable], notes:
             parts.append(f"<p class=\"meta\">{H.e(H.MODEL_ASSUMPTIONS)}</p>")
             parts.extend(H.model_table_html(t) for t in tables)
         page = H.page(f"draftsmith report: {result.path.name}", "\n".join(p for p in parts if p))
-    return write_text_atomically(path, page, "--html")  # a full disk: one line, no 0-byte page
+    with disk_full_guard(path, "HTML report"):  # a full disk: one line naming the page, the old page kept
+        return write_text_atomically(path, page, "--html")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -109,16 +109,16 @@ def check_output_file(path: str | Path, what: str) -> Path:
 
 def write_text_atomically(path: str | Path, text: str, what: str = "--out") -> Path:
     """Write `text` to a temporary file beside `path`, then rename it over `path` (checked with
-    check_output_file first): a full disk or a kill leaves the previous file whole; a full disk is one line."""
+    check_output_file first): a full disk or a kill leaves the previous file whole (the OSError propagates;
+    wrap the call in disk_full_guard for a one-line message naming the file)."""
     path = check_output_file(path, what)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
-        with disk_full_guard(path, f"file named by {what}"):
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
         check_output_file(path, what)  # still not a special file (it may have appeared meanwhile)
         os.replace(tmp, path)
     except BaseException:
