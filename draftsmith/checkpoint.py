@@ -31,7 +31,14 @@ from safetensors.torch import save_file
 from draftsmith import __version__
 from draftsmith import config as config_mod
 from draftsmith.core.errors import UserError
-from draftsmith.core.files import disk_full_guard, load_safetensors, read_json_object, temp_dir_beside
+from draftsmith.core.files import (
+    MAX_YAML_BYTES,
+    disk_full_guard,
+    load_safetensors,
+    read_json_object,
+    read_received_text,
+    temp_dir_beside,
+)
 from draftsmith.core.safe_yaml import load as load_yaml
 
 
@@ -170,7 +177,8 @@ def read_config(path: Path, trust_remote_code: bool = False):
     file = Path(path) / "config.yaml"
     if not file.exists():
         raise FileNotFoundError(f"{file} is missing: {path} is not a complete draftsmith checkpoint")
-    raw = load_yaml(file.read_text(encoding="utf-8"), str(file)) or {}  # bounded: aliases, depth, repeated keys
+    text = read_received_text(file, "checkpoint's config.yaml", MAX_YAML_BYTES)  # a regular file, bounded in size
+    raw = load_yaml(text, str(file)) or {}  # bounded: aliases, depth, repeated keys
     if not isinstance(raw, dict):
         raise UserError(f"{file}: not a recipe mapping; the checkpoint is damaged")
     for section, key in _RETIRED_KEYS:
@@ -197,6 +205,26 @@ def read_meta(path: Path) -> dict:
     return meta
 
 
+def read_speedup_profile(path: Path) -> dict | None:
+    """PATH/speedup_profile.json (`draftsmith profile`), checked, or None when there is none: a regular
+    UTF-8 file of at most 16 MiB holding the profile's schema, and a `recommendation` mapping workload
+    names to mappings (export reads it: stops_paying_at_batch, recommended_num_speculative_tokens)."""
+    from draftsmith.report.speedup_model import PROFILE_FILE, PROFILE_SCHEMA
+
+    file = Path(path) / PROFILE_FILE
+    if not os.path.lexists(file):
+        return None
+    fix = f"rerun `draftsmith profile {path}` or delete it"
+    data = read_json_object(file, "speedup profile")
+    if data.get("schema") != PROFILE_SCHEMA:
+        raise UserError(f"{file}: schema {str(data.get('schema'))[:60]!r} is not {PROFILE_SCHEMA}; {fix}")
+    rec = data.get("recommendation")
+    if rec is not None and (not isinstance(rec, dict) or not all(isinstance(v, dict) for v in rec.values())):
+        raise UserError(f"{file}: `recommendation` must map each workload to a mapping, got "
+                        f"{json.dumps(rec)[:80]}; {fix}")
+    return data
+
+
 def run_in_dtype(target, dtype: str) -> None:
     """Cast a loaded (fingerprint-checked) target to `dtype` in place; its recorded fingerprint stays
     the one of the weights as loaded (a bf16 copy of fp32 weights is the same model, rounded)."""
@@ -210,12 +238,13 @@ def run_in_dtype(target, dtype: str) -> None:
 
 
 def load_drafter(path: str | Path, device: str | None = None, target=None,
-                 trust_remote_code: bool = False, dtype: str | None = None) -> LoadedDrafter:
+                 trust_remote_code: bool = False, dtype: str | None = None, check_profile: bool = True) -> LoadedDrafter:
     """Rebuild a trained drafter (and its target, unless given) from a checkpoint directory.
 
     The target's custom code runs only with trust_remote_code=True given here (a received
     checkpoint's config.yaml cannot turn it on). dtype: run the target in this dtype instead of the
-    recipe's target.dtype (`eval --dtype`): it is loaded as trained, its fingerprint checked, then cast."""
+    recipe's target.dtype (`eval --dtype`): it is loaded as trained, its fingerprint checked, then cast.
+    check_profile: refuse a damaged speedup_profile.json (export copies it; `profile`, which rewrites it, passes False)."""
     from draftsmith.heads import DRAFTERS
     from draftsmith.targets import load as target_mod
 
@@ -224,6 +253,8 @@ def load_drafter(path: str | Path, device: str | None = None, target=None,
         raise FileNotFoundError(f"{path} is not a draftsmith checkpoint (no drafter.json); expected e.g. runs/NAME/final")
     meta = read_meta(path)
     cfg = read_config(path, trust_remote_code)
+    if check_profile:
+        read_speedup_profile(path)
     if meta["kind"] != cfg.drafter.kind:
         raise UserError(f"{path}: drafter.json names kind {meta['kind']!r} but config.yaml trains "
                         f"drafter.kind {cfg.drafter.kind!r}; the checkpoint is damaged (its two files disagree)")

@@ -21,8 +21,9 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-from draftsmith.core.errors import ConfigError
-from draftsmith.core.safe_yaml import YAMLBoundError, short_repr
+from draftsmith.core.errors import ConfigError, UserError
+from draftsmith.core.files import MAX_YAML_BYTES, read_received_bytes
+from draftsmith.core.safe_yaml import MAX_REPR, YAMLBoundError, short_repr
 from draftsmith.core.safe_yaml import load as load_yaml  # defined beside the other expected errors; raised here
 
 # --------------------------------------------------------------------------- schema
@@ -278,6 +279,9 @@ REMOVED_KEYS = {
 }
 
 
+MAX_PROBLEMS = 50  # problems listed for one recipe; the rest are counted
+
+
 def _build(cls: type, data: Any, where: str, problems: list[str]) -> Any:
     """Build dataclass `cls` from a mapping, collecting every problem instead of stopping."""
     if data is None:
@@ -294,9 +298,10 @@ def _build(cls: type, data: Any, where: str, problems: list[str]) -> Any:
             problems.append(f"{key_path}: {REMOVED_KEYS[key_path]}")
             continue
         if key not in names:
-            hint = difflib.get_close_matches(str(key), names, n=1)
+            many = len(problems) >= MAX_PROBLEMS  # only the first are listed: no "did you mean" for the rest
+            hint = [] if many else difflib.get_close_matches(str(key)[:MAX_REPR], names, n=1)
             tip = f"; did you mean {(where + '.' if where else '') + hint[0]!r}?" if hint else ""
-            problems.append(f"unknown key {key_path!r}{tip} (known: {', '.join(names)})")
+            problems.append(f"unknown key {short_repr(key_path)}{tip} (known: {', '.join(names)})")
             continue
         kwargs[key] = _check(value, hints[key], key_path, problems)
     try:
@@ -340,7 +345,10 @@ def _split_drafter(raw: dict) -> None:
     """Drafter options sit beside `kind` in YAML; move them under `options` for validation."""
     section = raw.get("drafter")
     if isinstance(section, dict):
-        options = dict(section.get("options") or {})
+        given = section.get("options") or {}
+        if not isinstance(given, dict):  # `options: 5`: _build names drafter.options
+            return
+        options = dict(given)
         for key in list(section):
             if key not in ("kind", "options"):
                 options[key] = section.pop(key)
@@ -389,8 +397,14 @@ def from_dict(raw: dict, source: str = "recipe", overrides: list[str] | None = N
         problems.extend(_range_checks(cfg))
         problems.extend(drafter_ranges)
     if problems:
-        raise ConfigError(source, problems)
+        raise ConfigError(source, _at_most(problems))
     return cfg
+
+
+def _at_most(problems: list[str]) -> list[str]:
+    if len(problems) <= MAX_PROBLEMS:
+        return problems
+    return problems[:MAX_PROBLEMS] + [f"... and {len(problems) - MAX_PROBLEMS} more problem(s)"]
 
 
 def _semantic_checks(cfg: RecipeConfig) -> list[str]:
@@ -461,7 +475,9 @@ def _range_checks(cfg: RecipeConfig) -> list[str]:
 def load(path: str | Path, overrides: list[str] | None = None) -> RecipeConfig:
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_received_bytes(path, "recipe", MAX_YAML_BYTES).decode("utf-8")  # a regular file, bounded
+    except UserError as exc:  # a FIFO, a device, past the size bound
+        raise ConfigError(str(path), [str(exc).removeprefix(f"{path}: ")]) from None
     except OSError as exc:
         raise ConfigError(str(path), [f"cannot read the recipe: {exc.strerror}"]) from exc
     except UnicodeDecodeError as exc:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from draftsmith.core.errors import UserError
+from draftsmith.core.files import check_output_file
 from draftsmith.core.flags import add_flags, flag, from_namespace
 from draftsmith.eval.proposers import PROPOSERS
 from draftsmith.eval.workloads import GROUPS, PROMPT_FORMATS, WORKLOADS
@@ -120,7 +121,8 @@ def check_args(args: EvalOptions) -> None:
                 (args.max_new_tokens < 1, f"--max-new-tokens {args.max_new_tokens}: must be >= 1"),
                 (args.warmup < 0, f"--warmup {args.warmup}: must be >= 0"),
                 (args.repeats < 3, f"--repeats {args.repeats}: must be >= 3 (a median of fewer timings is noise)"),
-                (args.near_tie_steps < 0, f"--near-tie-steps {args.near_tie_steps}: must be >= 0"),
+                (not math.isfinite(args.near_tie_steps) or args.near_tie_steps < 0,
+                 f"--near-tie-steps {args.near_tie_steps}: must be a finite number >= 0"),
                 (finite and args.temperature < 0, f"--temperature {args.temperature}: must be >= 0 (0: greedy)"),
                 (args.top_k < 0, f"--top-k {args.top_k}: must be >= 0 (0: off)"),
                 (finite and not 0.0 < args.top_p <= 1.0, f"--top-p {args.top_p}: must lie in (0, 1] (1: off)"),
@@ -148,8 +150,11 @@ def check_args(args: EvalOptions) -> None:
                         "as the baseline of its speedup); give --k >= 1")
     else:
         bounds.check_draft_tokens(args.k, "--k")
+    if args.batch_size is not None:
+        bounds.check_batch_sizes(args.batch_size, "--batch-size")
     resolve_device(args.device)  # --device cuda without CUDA: one line now, not after loading the target
     if args.out is not None:
+        check_output_file(args.out, "--out")  # a device node, FIFO or socket: refused before anything loads
         refuse_out_in_a_checkpoint(Path(args.out))
 
 

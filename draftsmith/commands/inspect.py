@@ -51,13 +51,12 @@ def load_meta(path: str, revision: str | None = None, trust_remote_code: bool = 
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from draftsmith.targets.load import check_config_json, config_json_error, hf_kwargs, locate, require_gguf_package
+    from draftsmith.targets.load import check_declared_sizes, config_json_error, hf_kwargs, locate, require_gguf_package
 
     local, gguf_name = locate(path, gguf_file)
     if gguf_name:
         require_gguf_package(path)
-    else:
-        check_config_json(local)
+    check_declared_sizes(local, gguf_name)  # before the meta model builds 100,000 declared layers
     extra = hf_kwargs(gguf_name)
     try:
         config = AutoConfig.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code, **extra)

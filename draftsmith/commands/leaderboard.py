@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftsmith.core.errors import UserError
+from draftsmith.core.files import check_output_file, read_received_text
 from draftsmith.report import html as H
 from draftsmith.report import markdown as M
 from draftsmith.report import plots
@@ -200,6 +201,7 @@ def build_leaderboard(paths: list[str | Path], out_dir: str | Path, training_log
     if not results:
         raise UserError("no readable result files; skipped: " + "; ".join(skipped))  # one line (cli contract)
     final_dir = Path(out_dir)
+    _check_out_dir(final_dir)
     final_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.tmp-", dir=final_dir.parent))
     try:
@@ -208,6 +210,14 @@ def build_leaderboard(paths: list[str | Path], out_dir: str | Path, training_log
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return _relocated(out, work, final_dir)
+
+
+def _check_out_dir(final_dir: Path) -> None:
+    """--out is a directory (or missing) whose index.html, README.md and rows.json are regular files or missing."""
+    if final_dir.exists() and not final_dir.is_dir():
+        raise UserError(f"--out {final_dir}: exists and is not a directory; name a directory for the leaderboard")
+    for name in ("rows.json", "README.md", "index.html"):
+        check_output_file(final_dir / name, "--out")
 
 
 def _move_into_place(work: Path, final_dir: Path) -> None:
@@ -227,6 +237,7 @@ def _move_into_place(work: Path, final_dir: Path) -> None:
     else:
         os.replace(new_plots, plots)
     for name in ("rows.json", "README.md", "index.html"):
+        check_output_file(final_dir / name, "--out")  # a FIFO or device node there is refused, never replaced
         os.replace(work / name, final_dir / name)
 
 
@@ -275,8 +286,8 @@ def _build_into(out_dir: Path, results: list[Result], skipped: list[str], traini
 
 def _read_profile(path: str) -> dict:
     try:
-        prof = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        prof = json.loads(read_received_text(path, "speedup_profile.json"))  # a regular file, bounded in size
+    except (OSError, json.JSONDecodeError, RecursionError) as err:
         raise UserError(f"--profile {path}: not a readable speedup_profile.json "
                          f"({' '.join(str(err).split())[:120] or 'nested too deeply'})") from None
     if not isinstance(prof, dict):

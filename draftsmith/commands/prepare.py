@@ -145,6 +145,9 @@ def main(args) -> int:
         return 2
     target = None
     if cfg.regenerate.output:
+        from draftsmith.data.regenerate import check_outputs
+
+        check_outputs(cfg.regenerate.output)  # a FIFO or device node: refused before the target loads
         if cfg.regenerate.generator == "local" or args.features:
             from draftsmith.targets import load as target_mod
 

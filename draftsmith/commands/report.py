@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from draftsmith.commands.leaderboard import resolve_training_log
+from draftsmith.core.files import check_output_file, disk_full_guard, write_text_atomically
 from draftsmith.report import html as H
 from draftsmith.report import plots
 from draftsmith.report.leaderboard import METRIC_COLUMNS, ModelTable, Row, build_rows, model_tables
@@ -83,9 +84,8 @@ def write_html(result: Result, rows: list[Row], tables: list[ModelTable], notes:
             parts.append(f"<p class=\"meta\">{H.e(H.MODEL_ASSUMPTIONS)}</p>")
             parts.extend(H.model_table_html(t) for t in tables)
         page = H.page(f"draftsmith report: {result.path.name}", "\n".join(p for p in parts if p))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
-    return path
+    with disk_full_guard(path, "HTML report"):  # a full disk: one line naming the page, the old page kept
+        return write_text_atomically(path, page, "--html")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -118,6 +118,8 @@ def main(args: argparse.Namespace) -> int:
         print(plain_text(f"draftsmith report: the HTML output {path} is the result file itself; pass --html "
                          "OTHER.html (or --no-html)"), file=sys.stderr)
         return 2
+    if not args.no_html:
+        check_output_file(path, "--html")  # a device node, FIFO or socket: refused before anything is drawn
     print(plain_text(terminal_text(result, rows, tables)))  # a result's strings cannot drive the terminal
     if not args.no_html:
         write_html(result, rows, tables, notes, path, logs)

@@ -10,6 +10,8 @@ naming the flag or key and the bound.
   k + ROOM <= max positions        a round needs a prompt, the k drafts and the bonus token inside
                                    the target's max_position_embeddings
   tree nodes <= MAX_TREE_NODES     one verification forward over the tree (a dense attention mask)
+  batch size <= MAX_BATCH_SIZE     requests decoded or timed together (profile --batches 10^9 asked
+                                   for 568 GB before the first forward)
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from draftsmith.core.errors import UserError
 MAX_DRAFT_TOKENS = 64
 MAX_TREE_NODES = 1024
 MAX_TREE_TOPK = 64
+MAX_BATCH_SIZE = 1024
 ROOM = 16  # positions a round needs besides the drafts: a short prompt and the bonus token
 
 
@@ -59,3 +62,13 @@ def check_tree(depth: int, topk: int, budget: int, target_config=None) -> None:
     if limit is not None and budget + ROOM > limit:
         raise UserError(f"--verify-budget {budget}: the target has {limit} positions; at most {max(limit - ROOM, 0)} "
                         "tree nodes fit beside a prompt")
+
+
+def check_batch_sizes(values, name: str) -> list[int]:
+    """Batch sizes in 1..MAX_BATCH_SIZE, else UserError naming `name` (checked before anything loads)."""
+    values = [values] if isinstance(values, int) else list(values)
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_BATCH_SIZE:
+            raise UserError(f"{name} {v!r}: batch sizes must lie in 1..{MAX_BATCH_SIZE} (each request of a batch "
+                            "holds its own cache); give a smaller value")
+    return values

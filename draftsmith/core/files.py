@@ -7,7 +7,14 @@ Reading (checkpoints, exports, init_from sources: anything a user may have been 
     is one line naming the file, never a SafetensorError traceback or a huge allocation);
   - a JSON sidecar (drafter.json, draftsmith.json) must be a JSON object: garbled or other JSON is
     one line naming the file.
+  - every received file is read through `read_received_bytes` / `read_received_text`: it must be a
+    regular file (a FIFO would hang the read, /dev/zero would grow it until MemoryError) no larger
+    than a bound per kind of file, else one line naming it.
 Writing:
+  - a file the user names for output (eval/profile --out, report --html, leaderboard files,
+    regenerate.output) must be missing or a regular file (`check_output_file`): a device node, FIFO
+    or socket is refused, never replaced by a rename (as root, `--out /dev/null` replaced
+    /dev/null) nor written through;
   - a full disk (ENOSPC, EDQUOT, EFBIG) while writing a directory is one line naming it (`disk_full_guard`);
   - temporary directories are named `.NAME.tmp-PID-XXXX` beside the destination, so that a later
     run can remove those of a killed run (`clean_stale_temps`: only that pattern, only a dead PID);
@@ -24,6 +31,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 from pathlib import Path
@@ -34,6 +42,89 @@ from draftsmith.core.errors import UserError
 SAFETENSORS_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4,
                       "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}
 MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit for the JSON header
+
+
+MAX_JSON_BYTES = 16 * 2**20  # drafter.json, draftsmith.json, speedup_profile.json: a few KiB when written by us
+MAX_YAML_BYTES = 2**20  # a recipe or a checkpoint's config.yaml: a few KiB when written by us
+MAX_RESULT_BYTES = 64 * 2**20  # an eval results file: well under 1 MiB for hundreds of prompts
+
+
+def file_kind(mode: int) -> str:
+    """'a directory', 'a FIFO', ... for an st_mode (what a path is, in an error message)."""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_received_bytes(path: str | Path, what: str, limit: int = MAX_JSON_BYTES) -> bytes:
+    """The bytes of a received file, which must be a regular file of at most `limit` bytes (a link to
+    /dev/zero or a FIFO is one line naming the file, never a hang or a MemoryError)."""
+    path = Path(path)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # O_NONBLOCK: opening a FIFO does not wait for a writer
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"{path}: is {file_kind(st.st_mode)}, not a regular file; the {what} must be a plain "
+                            "file: replace it with the real file")
+        if st.st_size > limit:
+            raise UserError(f"{path}: {st.st_size:,} bytes, more than the {limit:,} a {what} may hold; the file "
+                            "is damaged or not draftsmith's")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:  # it grew while being read
+        raise UserError(f"{path}: more than the {limit:,} bytes a {what} may hold; the file is damaged or not draftsmith's")
+    return data
+
+
+def read_received_text(path: str | Path, what: str, limit: int = MAX_JSON_BYTES) -> str:
+    """read_received_bytes decoded as UTF-8; other bytes (UTF-16 too) are one line naming the file."""
+    data = read_received_bytes(path, what, limit)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); the "
+                        f"{what} is damaged: write it again as UTF-8") from None
+
+
+def check_output_file(path: str | Path, what: str) -> Path:
+    """A file the user names for output must be missing or a regular file (a link to one counts): a device
+    node, FIFO, socket or directory is refused, so a rename never replaces it and no write goes through it."""
+    path = Path(path)
+    try:
+        st = os.stat(path)  # follows a link: a link to /dev/null is refused as /dev/null is
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise UserError(f"{what} {path}: cannot be written ({exc.strerror}); name another path") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{what} {path}: is {file_kind(st.st_mode)}, not a regular file; draftsmith writes only a "
+                        "new file or over a regular file: name another path")
+    return path
+
+
+def write_text_atomically(path: str | Path, text: str, what: str = "--out") -> Path:
+    """Write `text` to a temporary file beside `path`, then rename it over `path` (checked with
+    check_output_file first): a full disk or a kill leaves the previous file whole (the OSError propagates;
+    wrap the call in disk_full_guard for a one-line message naming the file)."""
+    path = check_output_file(path, what)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        check_output_file(path, what)  # still not a special file (it may have appeared meanwhile)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
 
 
 def _bad(path: Path, why: str) -> UserError:
@@ -100,9 +191,9 @@ def read_json_object(path: str | Path, what: str) -> dict:
     """A JSON file that must hold one object (drafter.json, draftsmith.json); one line if not."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not UTF-8 text; the {what} is damaged: write it again") from None
+        data = json.loads(read_received_text(path, what))
+    except RecursionError:
+        raise UserError(f"{path}: nested too deeply to be a {what}; the file is damaged or not draftsmith's") from None
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); the {what} is damaged: "
                         "write it again") from None

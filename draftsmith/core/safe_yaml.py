@@ -17,6 +17,8 @@ from draftsmith.core.errors import UserError
 MAX_NODES = 100_000  # values in the expanded document; recipes hold a few hundred
 MAX_DEPTH = 64  # nesting levels; recipes use 3 or 4
 MAX_REPR = 120  # characters of a value quoted in an error message
+MAX_CHARS = 2**20  # characters of one document; recipes hold a few KiB (a 50 MB scalar hung `validate`)
+MAX_KEYS = 2_000  # mapping keys in one document; recipes hold a few hundred (45,000 unknown keys took 35 s)
 
 
 class YAMLBoundError(UserError):
@@ -49,6 +51,11 @@ class _BoundedLoader(yaml.SafeLoader):
     source = "YAML"
 
     def compose_node(self, parent, index):
+        if index is None and isinstance(parent, yaml.MappingNode):  # a key: count it while composing
+            self._keys = getattr(self, "_keys", 0) + 1
+            if self._keys > MAX_KEYS:
+                raise YAMLBoundError(self.source, f"more than {MAX_KEYS:,} keys (a recipe holds a few hundred); the "
+                                     "file is damaged or not a recipe")
         self._depth = getattr(self, "_depth", 0) + 1
         try:
             if self._depth > MAX_DEPTH:
@@ -65,7 +72,7 @@ class _BoundedLoader(yaml.SafeLoader):
                 if isinstance(key_node, yaml.ScalarNode):
                     key = key_node.value
                     if key in seen and key_node.tag != "tag:yaml.org,2002:merge":
-                        raise YAMLBoundError(self.source, f"key {key!r} is given twice ({seen[key]} and "
+                        raise YAMLBoundError(self.source, f"key {short_repr(key)} is given twice ({seen[key]} and "
                                              f"{_where(key_node)}); keep one")
                     seen[key] = _where(key_node)
         return super().construct_mapping(node, deep)
@@ -93,6 +100,9 @@ def _expanded_size(root) -> int:
 
 def load(text: str, source: str = "YAML"):
     """yaml.safe_load with the bounds above; errors (bounds and syntax) are ValueErrors naming `source`."""
+    if len(text) > MAX_CHARS:
+        raise YAMLBoundError(source, f"{len(text):,} characters, more than the {MAX_CHARS:,} a recipe may hold; "
+                             "the file is damaged or not a recipe")
     try:
         loader = _BoundedLoader(text)  # the reader refuses control characters here, before any parsing
     except yaml.YAMLError as exc:

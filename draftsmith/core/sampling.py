@@ -35,7 +35,9 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         # Keep the smallest set of tokens whose mass reaches top_p (the top token always stays).
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
         mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        sorted_probs = sorted_probs.masked_fill(mass_before >= params.top_p, 0.0)
+        drop = mass_before >= params.top_p
+        drop[..., 0] = False  # the top token stays even when rounding leaves its mass_before above a tiny top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs

@@ -28,6 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from draftsmith.core.errors import UserError
+from draftsmith.core.files import disk_full_guard
 from draftsmith.data import features as feats_mod
 from draftsmith.data.dataset import collate
 
@@ -93,6 +94,18 @@ def _write_json(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
+def _write_shard(root: Path, name: str, tensors: dict, metadata: dict) -> None:
+    """One shard, written aside and renamed into place; a full disk is one line naming the cache (the
+    shards already written stay, and a rerun of `prepare --features` resumes after them)."""
+    tmp = root / (name + ".tmp")
+    try:
+        with disk_full_guard(root, f"feature cache shard {name} (features.cache_dir)"):
+            save_file(tensors, str(tmp), metadata=metadata)
+        os.replace(tmp, root / name)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def _expected(target, dataset, layers, dtype, shard_rows, features) -> dict:
     return {"format_version": FORMAT_VERSION, "target": target.name, "target_fingerprint": target.fingerprint,
             "layers": list(layers), "dtype": str(DTYPES[dtype]).replace("torch.", ""), "features": features,
@@ -155,9 +168,7 @@ def build(target, dataset, cache_dir: str, layers: list[int], dtype: str = "bflo
         end = min(len(dataset), start + shard_rows)
         tensors = _shard_tensors(target, dataset, start, end, layers, dtype, features, batch_size)
         name = f"shard_{start // shard_rows:05d}.safetensors"
-        tmp = root / (name + ".tmp")
-        save_file(tensors, str(tmp), metadata={"start": str(start), "end": str(end)})
-        os.replace(tmp, root / name)
+        _write_shard(root, name, tensors, {"start": str(start), "end": str(end)})
         tokens = sum(len(dataset[i]["input_ids"]) for i in range(start, end))
         loss = sum(int(dataset[i]["loss_mask"].sum()) for i in range(start, end))
         manifest["shards"].append({"file": name, "start": start, "end": end, "tokens": tokens, "loss_tokens": loss})

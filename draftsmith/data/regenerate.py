@@ -44,6 +44,7 @@ from typing import Optional
 import torch
 
 from draftsmith.core.errors import UserError
+from draftsmith.core.files import check_output_file, write_text_atomically
 from draftsmith.data import chat, formats
 
 MAX_EXAMPLES = 10
@@ -459,6 +460,7 @@ def regenerate(paths: list[str], generator, output: str, fmt: str = "auto", batc
     """Regenerate the rows of `paths` into `output` (resumable); see the module docstring."""
     start = time.time()
     out, sidecar = Path(output), Path(f"{output}.summary.json")
+    check_outputs(out)
     settings = {**generator.settings(), "row_ids": ROW_IDS}
     _check_settings(sidecar, settings, out)
     done, torn = load_done(out)
@@ -503,6 +505,7 @@ def regenerate_for_recipe(cfg, target=None, limit=None, log=print, api_key_env=N
     before it reads the data); returns the RegenSummary. api_key_env: the variable named by --api-key-env
     (the openai generator's key). target: the loaded target (the local generator loads it if None)."""
     rc = cfg.regenerate
+    check_outputs(rc.output)  # before any model loads
     if rc.generator == "local":
         from draftsmith.targets import load as target_mod
 
@@ -531,6 +534,11 @@ def recipe_tokenizer(cfg):
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+    write_text_atomically(path, json.dumps(data, indent=2), "regenerate.output")  # never over a FIFO or device
+
+
+def check_outputs(output: str | Path) -> None:
+    """regenerate.output and its .summary.json beside it: missing or regular files, else one line (a FIFO
+    would hang the append, a device node would be replaced by the summary's rename)."""
+    check_output_file(output, "regenerate.output")
+    check_output_file(f"{output}.summary.json", "regenerate.output's summary")

@@ -81,6 +81,8 @@ class _BoundedTemplate(jinja2.Template):
             return "".join(pieces)
         except RecursionError:
             raise TemplateBoundError("chat template recurses too deeply") from None
+        except OverflowError as exc:  # the sandbox's range() past its 100,000 items, a float too large
+            raise TemplateBoundError(f"chat template builds a value past a bound ({' '.join(str(exc).split())[:120]})") from None
         finally:
             _STATE.deadline = outer
 

@@ -288,14 +288,19 @@ def run(path: str | Path, workload_names: list[str] = ("mt_bench", "gsm8k"), k_m
     """Measure and write a checkpoint's speedup profile (the module docstring) to `out` (default
     PATH/speedup_profile.json); returns the profile. `draftsmith profile` calls this with its flags."""
     from draftsmith.checkpoint import load_drafter
-    from draftsmith.core.bounds import check_draft_tokens
+    from draftsmith.core import files
+    from draftsmith.core.bounds import check_batch_sizes, check_draft_tokens
     from draftsmith.eval import proposers, results, runner
 
     _check_counts(repeats, k_max, num_prompts, max_new_tokens, overhead_batch)
     check_draft_tokens(k_max, "--k-max")  # before anything loads: --k-max 100000000 would run for days
+    for flag, sizes in (("--batches", batches), ("--validate-batches", validate_batches),
+                        ("--overhead-batch", [overhead_batch])):
+        check_batch_sizes(list(sizes), flag)  # --batches 1000000000 asked for 568 GB
+    out = files.check_output_file(out or Path(path) / PROFILE_FILE, "--out")  # never a device node or FIFO
     batches, contexts, validate = list(batches), list(contexts), list(validate_batches)
     names = workloads.expand([w.strip() for w in workload_names if w.strip()])
-    loaded = load_drafter(path, device=None if device == "auto" else device)
+    loaded = load_drafter(path, device=None if device == "auto" else device, check_profile=False)  # it rewrites it
     target, proposer = loaded.target, proposers.from_drafter(loaded.drafter, loaded.target)
     limit = getattr(target.config, "max_position_embeddings", None)
     if limit is not None and max(contexts) + k_max + 1 > limit:
@@ -350,7 +355,6 @@ def run(path: str | Path, workload_names: list[str] = ("mt_bench", "gsm8k"), k_m
         "validation": checks,
         "validation_error": {"mean_abs_relative": statistics.fmean(abs(c["relative_error"]) for c in checks)} if checks else None,
     }
-    out = out or Path(path) / PROFILE_FILE
     results.write_text_atomically(Path(out), json.dumps(results._clean(profile), indent=1) + "\n")
     print(summary(profile))
     print(f"[profile] written to {out}")

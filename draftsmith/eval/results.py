@@ -7,10 +7,11 @@ import json
 import math
 import os
 import platform
-import tempfile
 from pathlib import Path
 
 import torch
+
+from draftsmith.core import files
 
 SCHEMA = "draftsmith.eval-results"
 SCHEMA_VERSION = 1
@@ -96,19 +97,9 @@ def write(results: dict, path: Path | str) -> Path:
     return write_text_atomically(Path(path), json.dumps(results, indent=1) + "\n")
 
 
-def write_text_atomically(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+def write_text_atomically(path: Path, text: str, what: str = "--out") -> Path:
+    """core.files.write_text_atomically: refuses a device node, FIFO or socket; a full disk is one line."""
+    return files.write_text_atomically(path, text, what)
 
 
 def _fmt(x, spec: str = ".2f") -> str:

@@ -146,6 +146,9 @@ def _user_jsonl(path: Path) -> list[dict]:
     _need_user_file(path)
     items = []
     for i, r in enumerate(_jsonl(path)):
+        if not isinstance(r, dict):  # a row `[1, 2]`: AttributeError on r.get before
+            raise UserError(f"jsonl:{path}: row {i + 1} is a JSON {type(r).__name__}, not an object with \"prompt\", "
+                            "\"messages\" or \"turns\"")
         item = {"id": str(r.get("id", r.get("question_id", f"row-{i}")))}
         if isinstance(r.get("prompt"), str):
             item["prompt"] = r["prompt"]

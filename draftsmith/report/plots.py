@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -14,6 +15,7 @@ from matplotlib.ticker import MaxNLocator
 
 from draftsmith.core.errors import UserError
 from draftsmith.report.leaderboard import ModelTable, Row
+from draftsmith.report.text_safe import plain_text
 
 DPI = 100
 
@@ -41,8 +43,16 @@ def _panels(n: int, width: float = 5.0, height: float = 3.6) -> tuple[Figure, li
 
 
 def _save(fig: Figure, path: Path) -> Path:
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):  # received names: no control character reaches the picture, nor (through
+        text.set_text(plain_text(text.get_text()))  # matplotlib's missing-glyph warning) the terminal
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
+    with warnings.catch_warnings(record=True) as caught:  # tick labels are made while drawing: a received name's
+        warnings.simplefilter("always")  # ESC would reach stderr inside matplotlib's missing-glyph warning
+        fig.savefig(path, format="png")
+    for w in caught:
+        warnings.warn(plain_text(str(w.message)), w.category, stacklevel=2)
     return path
 
 
@@ -158,7 +168,13 @@ MAX_TRAINING_LOG_BYTES = 64 * 1024 * 1024  # a metrics.jsonl of ~200k logged ste
 
 def read_training_log(path: Path) -> list[dict]:
     """metrics.jsonl of the training loop: one JSON object per logged step ("step", "loss", "acc_0"..)."""
-    size = Path(path).stat().st_size
+    import stat
+
+    from draftsmith.core.files import file_kind
+
+    mode, size = Path(path).stat().st_mode, Path(path).stat().st_size
+    if not stat.S_ISREG(mode):  # a FIFO would block the read, /dev/zero would fill it
+        raise UserError(f"{path}: is {file_kind(mode)}, not a regular file; a training log is a metrics.jsonl file")
     if size > MAX_TRAINING_LOG_BYTES:  # bounded: a result may name any file (a sparse 50 GB one, say)
         raise UserError(f"{path}: {size:,} bytes is more than a training log may hold "
                          f"({MAX_TRAINING_LOG_BYTES:,}); plot a shorter metrics.jsonl")

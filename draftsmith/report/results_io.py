@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from draftsmith.core import files
 from draftsmith.core.errors import UserError
 
 SCHEMA_NAME = "draftsmith.eval-results"
@@ -142,8 +143,19 @@ def _get(obj: dict, dotted: str, types: tuple, where: str, optional: bool = Fals
         raise MalformedResultError(f"{where}: key '{dotted}' is a bool, expected {'/'.join(t.__name__ for t in types)}")
     if not isinstance(cur, types):
         names = "/".join(t.__name__ for t in types)
-        raise MalformedResultError(f"{where}: key '{dotted}' is {type(cur).__name__} {cur!r:.60}, expected {names}")
+        raise MalformedResultError(f"{where}: key '{dotted}' is {type(cur).__name__} {str(cur)[:60]}, expected {names}")
+    if isinstance(cur, int) and float in types and abs(cur) > 2**1000:  # 10**400: OverflowError in float()
+        raise MalformedResultError(f"{where}: key '{dotted}' is an integer of {len(str(abs(cur)))} digits, "
+                                   "expected a finite number")
+    if isinstance(cur, str) and len(cur) > MAX_TEXT.get(dotted, MAX_NAME):
+        raise MalformedResultError(f"{where}: key '{dotted}' is {len(cur):,} characters long, more than "
+                                   f"{MAX_TEXT.get(dotted, MAX_NAME):,}")
     return cur
+
+
+MAX_NAME = 256  # characters of a name in a result (target, drafter, workload, device): a 5 MB name hung plots
+MAX_TEXT = {"command": 65536, "training_log": 4096}
+MAX_WORKLOADS = 1000  # workloads in one result (3,001 hung leaderboard and report)
 
 
 NUM = (int, float)
@@ -211,6 +223,11 @@ def validate(data: Any, where: str) -> dict[str, dict[str, Any]]:
     workloads = _get(data, "workloads", (dict,), where)
     if not workloads:
         raise MalformedResultError(f"{where}: 'workloads' is empty; a result needs at least one workload")
+    if len(workloads) > MAX_WORKLOADS:
+        raise MalformedResultError(f"{where}: 'workloads' holds {len(workloads):,} workloads, more than {MAX_WORKLOADS:,}")
+    long = next((name for name in workloads if len(name) > MAX_NAME), None)
+    if long is not None:
+        raise MalformedResultError(f"{where}: a workload name is {len(long):,} characters long, more than {MAX_NAME}")
     for name, wl in workloads.items():
         at = f"{where} [workload {name!r}]"
         agg = _get(wl if isinstance(wl, dict) else {}, "aggregate", (dict,), at)
@@ -242,8 +259,10 @@ def load_result(path: str | Path) -> Result:
     """Read and validate one result file; raises MalformedResultError naming the file."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as err:
+        data = json.loads(files.read_received_text(path, "results file", files.MAX_RESULT_BYTES))
+    except UserError as err:  # a FIFO, /dev/zero, past the size bound, not UTF-8
+        raise MalformedResultError(str(err)) from None
+    except OSError as err:
         raise MalformedResultError(f"{path}: cannot read: {err}") from err
     except json.JSONDecodeError as err:
         raise MalformedResultError(f"{path}: not valid JSON ({err})") from err

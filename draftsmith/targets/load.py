@@ -334,8 +334,7 @@ def load(path: str, dtype: str = "float32", device: str = "auto", revision: str 
     if gguf_name:
         require_gguf_package(path)
     extra = hf_kwargs(gguf_name)
-    if not gguf_name:
-        check_config_json(local)
+    check_declared_sizes(local, gguf_name)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             local, dtype=DTYPES[dtype], revision=revision, trust_remote_code=trust_remote_code,
@@ -377,6 +376,18 @@ def _settle_gguf_model(model: nn.Module, gguf_path: str) -> None:
     model.is_quantized = False
     if not getattr(model.config, "architectures", None):
         model.config.architectures = [type(model).__name__]
+
+
+def check_declared_sizes(local: str, gguf_name: str | None) -> None:
+    """Before any model is built: a GGUF header walked with bounds and its tokenizer metadata checked, or a
+    checkpoint's config.json (an object, its num_hidden_layers held by its weights); targets/declared.py."""
+    from draftsmith.targets import declared
+
+    if gguf_name:
+        declared.check_gguf(Path(local).expanduser() / gguf_name)
+    else:
+        check_config_json(local)
+        declared.check_checkpoint_layers(local)
 
 
 def check_config_json(local: str) -> None:

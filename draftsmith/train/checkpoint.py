@@ -34,7 +34,17 @@ def rng_state() -> dict:
     return state
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict, source: str = "trainer_state.pt") -> None:
+    """Restore rng_state(); a state of the wrong size or type (a 3-byte torch state) is one line naming `source`."""
+    try:
+        _set_rng_state(state)
+    except (RuntimeError, TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        raise UserError(f"{source}: its RNG state does not restore ({type(exc).__name__}: "
+                        f"{' '.join(str(exc).split())[:120]}); the checkpoint is damaged: resume from an earlier one "
+                        "or warm start with train.init_from") from None
+
+
+def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     py = state["python"]
     random.setstate((py["version"], tuple(int(w) for w in py["state"].tolist()), py["gauss"]))
@@ -189,7 +199,11 @@ def load_init_weights(path: str | Path, drafter, target) -> None:
         raise UserError(f"train.init_from={path}: the export holds a {kind} drafter, this recipe trains "
                          f"{drafter.kind}; warm start from an export of the same kind")
     check_same_feature_layers(sidecar.get("aux_layer_ids"), drafter, path)
-    exported = config_mod.from_dict(sidecar.get("recipe") or {}, str(sidecar_file))
+    recipe = sidecar.get("recipe") or {}
+    if not isinstance(recipe, dict):  # `recipe: "x"`: AttributeError inside from_dict before
+        raise UserError(f"train.init_from={path}: {sidecar_file}'s recipe is a JSON {type(recipe).__name__}, not the "
+                        "export's recipe mapping; export the drafter again")
+    exported = config_mod.from_dict(recipe, str(sidecar_file))
     loaded = LoadedDrafter(drafter=drafter, target=target, config=exported, meta=sidecar.get("checkpoint_meta") or {})
     back = EXPORTERS.get(fmt)().load_back(path, loaded)  # a drafter of this kind (hf: a plain HF model wrapper)
     # the drafter's own state_dict names (a re-imported HF model says how its names map onto the drafter's)

@@ -25,9 +25,10 @@ def torchrun_command(nproc: int, recipe: str, overrides: list[str], overwrite: b
 
 def backend_given(recipe: str, overrides: list[str]) -> bool:
     """Whether the recipe file or an override sets train.backend (the default is single)."""
+    from draftsmith.core.files import MAX_YAML_BYTES, read_received_text
     from draftsmith.core.safe_yaml import load as load_yaml
 
-    raw = load_yaml(open(recipe, encoding="utf-8").read(), recipe) or {}
+    raw = load_yaml(read_received_text(recipe, "recipe", MAX_YAML_BYTES), recipe) or {}
     in_file = isinstance(raw.get("train"), dict) and "backend" in raw["train"]
     return in_file or any(o.split("=", 1)[0].strip() == "train.backend" for o in overrides)
 

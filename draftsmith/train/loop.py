@@ -267,7 +267,7 @@ class Trainer:
         self.ctx.load_optimizer_state(self.drafter, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.stream.load_state_dict(state["data"])
-        checkpoint.set_rng_state(state.get("rng_per_rank", [state["rng"]])[self.ctx.rank])
+        checkpoint.set_rng_state(state.get("rng_per_rank", [state["rng"]])[self.ctx.rank], f"{path}/trainer_state.pt")
         self.step, self.losses = state["step"], list(state["losses"])
         if self.scaler is not None and state.get("grad_scaler"):
             self.scaler.load_state_dict(state["grad_scaler"])

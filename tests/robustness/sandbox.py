@@ -24,6 +24,7 @@ import os
 import re
 import resource
 import signal
+import stat
 import sys
 import tempfile
 import time
@@ -65,6 +66,9 @@ def _digest(path: Path) -> str:
         return "link:" + os.readlink(path)
     if path.is_dir():
         return "dir"
+    mode = os.lstat(path).st_mode
+    if not stat.S_ISREG(mode):  # a FIFO, socket or device node a case made: never opened (a FIFO would block)
+        return f"special:{stat.S_IFMT(mode)}"
     if path.stat().st_size > HASH_LIMIT:  # a case's huge sparse file: size and mtime stand for its content
         return f"file:{path.stat().st_size}:{path.stat().st_mtime_ns}"
     h = hashlib.sha1()
@@ -213,6 +217,9 @@ def violations(case: Case, outcome: Outcome, before: dict[str, str], after: dict
         long += [len(line) for line in outcome.stdout.splitlines() if len(line) > MAX_LINE]
     if long and outcome.code != 2:
         found.append(f"printed a line of {max(long):,} characters (unbounded message)")
+    replaced = [p for p, d in before.items() if d.startswith("special:") and after.get(p) != d]
+    if replaced:  # even an output: `--out /dev/null` must never turn a device node into a regular file
+        found.append(f"replaced or removed a device node, FIFO or socket: {replaced[:8]}")
     written = [p for p in changes(before, after) if not _owned(p, case.outputs) and p != "tmp"]
     if written:
         found.append(f"wrote outside its outputs {case.outputs}: {written[:8]}")

@@ -305,3 +305,41 @@ def template_damage(relpath: str) -> st.SearchStrategy[Damage]:
                       [Path(relpath).name, "chat template", "chat_template", "template"])
 
     return st.builds(make, st.sampled_from(sorted(TEMPLATES)))
+
+
+# --------------------------------------------------------------------------- special files (issue 34)
+
+SPECIAL_KINDS = ["fifo", "socket", "chardev", "link_to_dev_zero", "link_to_fifo"]
+
+
+def _make_special(path: Path, kind: str) -> None:
+    import os
+    import socket
+    import stat as stat_mod
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink() or path.exists():
+        path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        try:
+            sock.bind(str(path))
+        except OSError:  # a path too long for AF_UNIX: a FIFO stands in
+            os.mkfifo(path)
+        finally:
+            sock.close()
+    elif kind == "chardev" and os.geteuid() == 0:
+        os.mknod(path, 0o666 | stat_mod.S_IFCHR, os.makedev(1, 3))  # a copy of /dev/null's node, never /dev/null
+    elif kind == "link_to_dev_zero":
+        path.symlink_to("/dev/zero")
+    else:  # link_to_fifo, or chardev without root
+        os.mkfifo(path.with_name(path.name + ".fifo"))
+        path.symlink_to(path.name + ".fifo")
+
+
+def special_file(relpath: str, kind: str, names: list[str] | None = None) -> Damage:
+    """`relpath` replaced by a device node (a copy of /dev/null's), FIFO, socket, or a link to /dev/zero or a FIFO."""
+    return Damage(f"{relpath} is a {kind}", lambda root: _make_special(root / relpath, kind),
+                  names or [Path(relpath).name])

