@@ -13,6 +13,7 @@
 # The download fetches the sdist alone: `--only-binary :all: --no-binary llama-cpp-python` lets pip
 # take the sdist's build dependencies (scikit-build-core, for its metadata step) only as wheels; the
 # former `--no-binary :all:` built them from source too (issue 34: 1,495 s on a fresh shared machine).
+# (`--no-build-isolation` does not skip the metadata step: it fails where scikit-build-core is absent.)
 # Only the `llama-server` target is built (its libraries: ggml, llama, common, mtmd); no tests,
 # examples or other tools (llama-bench is not built: nothing in draftsmith runs it).
 #
