@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build llama.cpp's `llama-server` (CPU only) from the llama.cpp that the pinned PyPI sdist
 # `llama-cpp-python==0.3.36` vendors (vendor/llama.cpp, as of 2026-10-01), plus the converter
-# `convert_hf_to_gguf.py` and the pinned `gguf` package it needs, into a cache outside the repo:
+# `convert_hf_to_gguf.py` and the Python packages it needs (pyproject's `llamacpp` extra), into a cache
+# outside the repo:
 #   bash scripts/install_llama_cpp.sh            # prints the llama-server path as its LAST line
 #   LLAMA_CPP_JOBS=4 bash scripts/install_llama_cpp.sh
 # Cache: ${XDG_CACHE_HOME:-$HOME/.cache}/draftsmith/llama.cpp-0.3.36 (DRAFTSMITH_LLAMA_CPP_DIR
@@ -9,9 +10,18 @@
 # draftsmith finds the result there by itself (draftsmith/export/llamacpp_tools.py), or through
 # DRAFTSMITH_LLAMA_SERVER / DRAFTSMITH_LLAMA_CPP_DIR.
 #
-# Measured on this project's kind of machine (2 cores, -j2, the cores shared with one training run):
-# sdist download + unpack + pip installs 7 s, configure + build of llama-server 1,257 s (21 min;
-# BUILD_SECONDS in the cache's build.log), 1,264 s in all; a second run 0.05 s.
+# The download fetches the sdist alone: `--only-binary :all: --no-binary llama-cpp-python` lets pip
+# take the sdist's build dependencies (scikit-build-core, for its metadata step) only as wheels; the
+# former `--no-binary :all:` built them from source too (issue 34: 1,495 s on a fresh shared machine).
+# (`--no-build-isolation` does not skip the metadata step: it fails where scikit-build-core is absent.)
+# Only the `llama-server` target is built (its libraries: ggml, llama, common, mtmd); no tests,
+# examples or other tools (llama-bench is not built: nothing in draftsmith runs it).
+#
+# Measured on this project's kind of machine (2 cores, -j2, the cores shared with other work):
+# sdist download 8.6 s (76.6 MB, pip's cache off; the former command 7.2 s here, where its build
+# dependencies happened to build quickly), unpack + pip installs 7 s, configure + build of
+# llama-server 1,286 s (21 min; BUILD_SECONDS in the cache's build.log), about 1,300 s in all;
+# a second run 0.05 s.
 set -euo pipefail
 
 VERSION="0.3.36"
@@ -36,20 +46,24 @@ start=$(date +%s)
 if [ ! -f "$CACHE/src/CMakeLists.txt" ]; then
   tmp="$(mktemp -d "$CACHE/dl.XXXXXX")"
   log "downloading llama-cpp-python==$VERSION (sdist)"
-  "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$tmp"
+  t_dl=$(date +%s)
+  "$PYTHON" -m pip download --quiet --no-deps --only-binary :all: --no-binary llama-cpp-python \
+    "llama-cpp-python==$VERSION" -d "$tmp"
+  log "downloaded in $(($(date +%s) - t_dl)) s"
   tar -xzf "$tmp/llama_cpp_python-$VERSION.tar.gz" -C "$tmp"
   rm -rf "$CACHE/src"
   mv "$tmp/llama_cpp_python-$VERSION/vendor/llama.cpp" "$CACHE/src"
   rm -rf "$tmp"
 fi
 
-# 2. the converter's own gguf package: pin what the vendored gguf-py says it is
+# 2. the converter's Python packages (pyproject.toml's `llamacpp` extra, the same pins: a test checks);
+#    gguf pinned to what the vendored gguf-py says it is
 vendored="$(sed -n 's/^version = "\(.*\)"/\1/p' "$CACHE/src/gguf-py/pyproject.toml" | head -1)"
 if [ "$vendored" != "$GGUF_VERSION" ]; then
   log "vendor/llama.cpp/gguf-py is version $vendored, this script pins $GGUF_VERSION: update GGUF_VERSION"
   exit 1
 fi
-"$PYTHON" -m pip install --quiet "gguf==$GGUF_VERSION" "sentencepiece==0.2.1"
+"$PYTHON" -m pip install --quiet "gguf==$GGUF_VERSION" "sentencepiece==0.2.1" "protobuf>=4.21"
 
 # 3. configure + build, CPU only (no curl: nothing is downloaded at run time; no GPU backends)
 log "building llama-server with -j$JOBS (about 21 minutes on 2 cores)"

@@ -60,3 +60,16 @@ def test_the_check_sees_imports_inside_functions():
     modules = imported_modules()
     assert "datasets" in modules and "torch.utils.tensorboard" in modules  # both are function-level imports
     assert "accelerate" not in third_party(modules)
+
+
+def test_the_llamacpp_extra_is_what_the_install_script_installs():
+    """Issue 34: the converter's Python needs are declared (`pip install 'draftsmith[llamacpp]'`), and
+    scripts/install_llama_cpp.sh installs the same pins into the Python it runs under."""
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["llamacpp"]
+    script = (REPO / "scripts" / "install_llama_cpp.sh").read_text()
+    gguf = re.search(r'GGUF_VERSION="\$\{GGUF_VERSION:-([^}]+)\}"', script).group(1)
+    line = next(line for line in script.splitlines() if "-m pip install" in line)
+    installed = [spec.replace("$GGUF_VERSION", gguf) for spec in re.findall(r'"([^"]*)"', line)
+                 if spec != "$PYTHON"]
+    assert sorted(installed) == sorted(extra) and "sentencepiece" in " ".join(extra)
+    assert re.search(r'pip install .*"\.\[dev,llamacpp\]"', (REPO / ".ci" / "run").read_text())  # CI installs it

@@ -96,6 +96,8 @@ def convert(tools: LlamaCppTools, model_dir: Path, outfile: Path, outtype: str =
         raise LlamaCppError(f"convert_hf_to_gguf.py on {model_dir} ran past {timeout_s:.0f} s") from exc
     if done.returncode != 0 or not outfile.is_file():
         tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+        if "ModuleNotFoundError" in tail:  # the converter's Python packages are missing from this Python
+            tail += f" | install what the converter needs into {sys.executable}: pip install 'draftsmith[llamacpp]'"
         raise LlamaCppError(f"llama.cpp's convert_hf_to_gguf.py failed on {model_dir}: {tail}")
     return outfile
 

@@ -1,8 +1,6 @@
-"""Issue 22 (trust, round 3), finding 13: a target's chat template is bounded in time and output,
+"""Issue 22 (trust, round 3), finding 13: a target's chat template is bounded in steps and output,
 builds no huge value, includes no file, and a template the sandbox blocks is one line in eval."""
 from __future__ import annotations
-
-import time
 
 import pytest
 
@@ -25,13 +23,38 @@ def test_a_template_within_the_bounds_renders_as_before():
     assert chat.prompt_text(tok, MESSAGES, "auto") == '"hi""hello"0'
 
 
-def test_nested_loops_stop_at_the_time_bound(monkeypatch):
-    monkeypatch.setattr(template_bounds, "RENDER_SECONDS", 0.5)
-    tok = byte_tokenizer("{% for a in range(3000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}x")
-    start = time.monotonic()
-    with pytest.raises(RowError, match=r"chat template error: chat template rendering took longer than 0.5 s"):
+@pytest.mark.parametrize("template", [
+    "{% for a in range(3000) %}{% for b in range(3000) %}{% endfor %}{% endfor %}x",
+    # a range built once: the loops call nothing and print nothing, only the iterations are counted
+    "{% set r = range(3000) %}{% for a in r %}{% for b in r %}{% endfor %}{% endfor %}x",
+    "{% set l = [0] * 3000 %}{% for a in l if a == 0 %}{% for b in l %}{% endfor %}{% endfor %}x",
+])
+def test_nested_loops_stop_at_the_step_bound(monkeypatch, template):
+    """Issue 34: the bound is a count of steps (loop iterations, calls, lookups, output pieces), not
+    seconds, so it stops the same template at the same point on an idle and on a busy machine. Each
+    template here takes 9 million iterations: it would render (no error) without the bound."""
+    monkeypatch.setattr(template_bounds, "RENDER_STEPS", 100_000)
+    tok = byte_tokenizer(template)
+    with pytest.raises(RowError, match=r"chat template error: chat template rendering took more than 100,000 steps"):
         chat.prompt_text(tok, MESSAGES, "auto")
-    assert time.monotonic() - start < 5
+
+
+def test_the_step_bound_is_a_count(monkeypatch):
+    """The same template needs the same number of steps every time: it renders within that many and
+    is refused with one fewer (a wall-clock bound would move with the machine's load)."""
+    assert template_bounds.RENDER_STEPS >= 1_000_000  # the real bound: far above what a conversation needs
+    tok = byte_tokenizer("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    want = "user: hi\nassistant: hello\n"
+
+    def renders(steps: int) -> bool:
+        monkeypatch.setattr(template_bounds, "RENDER_STEPS", steps)
+        try:
+            return chat.prompt_text(tok, MESSAGES, "auto") == want
+        except RowError:
+            return False
+
+    need = next(n for n in range(1, 200) if renders(n))
+    assert 6 <= need < 50 and not renders(need - 1) and renders(need) and renders(need)
 
 
 def test_output_and_built_values_are_bounded(monkeypatch):

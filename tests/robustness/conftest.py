@@ -24,7 +24,7 @@ set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "draftsmith-hypothesis")
 def harness_settings(ci_examples: int):
     """The fixed CI profile: derandomized (the same inputs on every run), no shrinking (a found case
     is reported as generated, so a failure costs one case, not hundreds), no example database
-    (nothing written into the repository), no per-example deadline (each case has its own wall-clock
+    (nothing written into the repository), no per-example deadline (each case has its own CPU-time
     budget in sandbox.run). DRAFTSMITH_HARNESS_EXAMPLES=N runs N fresh random inputs per test instead."""
     more = int(os.environ.get(EXAMPLES_ENV, "0") or 0)
     return settings(max_examples=more or ci_examples, derandomize=not more, deadline=None, database=None,
@@ -62,7 +62,7 @@ def check(world_dir, tmp_path_factory):
             labels = "; ".join(d.label for d in damages) or case.label
             raise AssertionError(
                 f"draftsmith {' '.join(case.argv)}\n  input: {labels}\n  sandbox: {box}\n  exit {outcome.code} "
-                f"in {outcome.seconds:.1f} s, max RSS {outcome.max_rss_mb:.0f} MB\n  violations:\n    - "
+                f"in {outcome.seconds:.1f} s ({outcome.cpu_seconds:.1f} CPU s), max RSS {outcome.max_rss_mb:.0f} MB\n  violations:\n    - "
                 + "\n    - ".join(found) + f"\n  stderr tail: {outcome.stderr[-1500:]}\n  stdout tail: {outcome.stdout[-500:]}")
         shutil.rmtree(box, ignore_errors=True)
         return outcome

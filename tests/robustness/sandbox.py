@@ -1,4 +1,4 @@
-"""Run one `draftsmith` command in-process, in a forked child, under a time and memory limit,
+"""Run one `draftsmith` command in-process, in a forked child, under a CPU-time and memory limit,
 and check the contract every command keeps (issue 22):
 
 - exit status 0, 1 or 2 (never killed, never a crash code);
@@ -8,8 +8,14 @@ and check the contract every command keeps (issue 22):
   MAX_LINE characters;
 - nothing written, changed or removed in the sandbox outside the paths the command owns (its
   --out, its output_dir, the HTML beside a report), and nothing left in TMPDIR;
-- at most `seconds` of wall clock and MEMORY_HEADROOM bytes of address space above what the
-  process held at the fork.
+- at most `seconds` of CPU time (RLIMIT_CPU: the kernel stops the child with SIGXCPU) and
+  MEMORY_HEADROOM bytes of address space above what the process held at the fork.
+
+Why CPU time, not wall clock (issue 34): on a busy machine a case waits for a core, and an honest
+case was killed at a wall-clock budget. CPU time counts only the work the case itself did, so a
+loaded machine does not change it. The wall clock is only a backstop for a case that blocks without
+using the CPU (a read that never returns): WALL_FACTOR times the CPU budget, at least WALL_FLOOR s,
+a margin that a machine 5x slower than an idle one passes.
 
 Why a fork: the child inherits the already imported torch / transformers / draftsmith (an import
 costs seconds; a fork costs milliseconds), and an address-space limit or a kill applies to the
@@ -35,6 +41,8 @@ MEMORY_HEADROOM = 2 << 30  # bytes of address space a case may add; the tiny cas
 MAX_LINE = 2000  # characters in one error line (a message that repeats a huge value is a finding)
 MAX_OUTPUT = 200_000  # characters of stdout + stderr in one case
 HASH_LIMIT = 64 << 20  # files larger than this are compared by size and mtime, not hashed
+WALL_FACTOR = 10  # the wall-clock backstop: this many times a case's CPU budget ...
+WALL_FLOOR = 120.0  # ... and at least this many seconds
 
 
 @dataclasses.dataclass
@@ -44,7 +52,7 @@ class Case:
     names: list[str]  # an exit-2 message must contain one of these (file name, key, flag)
     outputs: list[str] = dataclasses.field(default_factory=list)  # sandbox paths the command may write
     expect_error: bool = False  # exit 0 is itself a violation (the input is invalid)
-    seconds: float = 60.0
+    seconds: float = 60.0  # CPU seconds (user + system, all threads) the case may use
     label: str = ""  # what the generator damaged, for the report
     named_at: tuple[int, ...] = (2,)  # exit statuses whose message must name one of `names` (validate: 1 too)
     no_control: bool = False  # no terminal escape (ESC, BEL, CSI) may reach stdout/stderr (received text shown)
@@ -55,8 +63,10 @@ class Outcome:
     code: int | None  # exit status; None when killed
     stdout: str
     stderr: str
-    seconds: float
-    timed_out: bool
+    seconds: float  # wall clock
+    cpu_seconds: float  # user + system time of the child
+    timed_out: bool  # stopped at its CPU budget (SIGXCPU) or at the wall-clock backstop
+    wall_backstop: bool  # stopped at the wall-clock backstop (it blocked without using the CPU)
     signal: int | None
     max_rss_mb: float
 
@@ -98,7 +108,16 @@ def _owned(path: str, outputs: list[str]) -> bool:
     return any(path == o or path.startswith(o.rstrip("/") + "/") or o.startswith(path + "/") for o in outputs)
 
 
-def _child(argv: list[str], sandbox: Path, out_file: Path, err_file: Path) -> None:
+def cpu_limit(seconds: float) -> int:
+    """RLIMIT_CPU's whole seconds for a budget (at least 1)."""
+    return max(1, int(-(-seconds // 1)))
+
+
+def wall_backstop(seconds: float) -> float:
+    return max(WALL_FLOOR, WALL_FACTOR * seconds)
+
+
+def _child(argv: list[str], sandbox: Path, out_file: Path, err_file: Path, cpu_seconds: float) -> None:
     """In the forked child: limits, redirected output, cwd and TMPDIR in the sandbox; never returns."""
     code = 1
     try:
@@ -111,6 +130,8 @@ def _child(argv: list[str], sandbox: Path, out_file: Path, err_file: Path) -> No
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
         limit = vm + MEMORY_HEADROOM
         resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+        cpu = cpu_limit(cpu_seconds)  # a forked child's CPU time starts at 0; SIGXCPU at the soft limit
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
         os.chdir(sandbox)
         tmp = sandbox / "tmp"
         tmp.mkdir(exist_ok=True)
@@ -146,7 +167,7 @@ def _vm_size() -> int:
 
 
 def run(case: Case, sandbox: Path) -> Outcome:
-    """Fork, run case.argv in the child, wait at most case.seconds (then SIGKILL)."""
+    """Fork, run case.argv in the child under case.seconds of CPU time; SIGKILL at the wall-clock backstop."""
     io_dir = Path(tempfile.mkdtemp(prefix="harness-io-"))
     out_file, err_file = io_dir / "stdout", io_dir / "stderr"
     sys.stdout.flush()
@@ -154,16 +175,16 @@ def run(case: Case, sandbox: Path) -> Outcome:
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:
-        _child(case.argv, sandbox, out_file, err_file)
-    timed_out, status, usage = False, 0, None
+        _child(case.argv, sandbox, out_file, err_file, case.seconds)
+    backstop, status, usage = False, 0, None
     while True:
         done, status, usage = os.wait4(pid, os.WNOHANG)
         if done:
             break
-        if time.monotonic() - start > case.seconds:
+        if time.monotonic() - start > wall_backstop(case.seconds):
             os.kill(pid, signal.SIGKILL)
             _, status, usage = os.wait4(pid, 0)
-            timed_out = True
+            backstop = True
             break
         time.sleep(0.01)
     seconds = time.monotonic() - start
@@ -172,8 +193,10 @@ def run(case: Case, sandbox: Path) -> Outcome:
         p.unlink(missing_ok=True)
     io_dir.rmdir()
     code = os.waitstatus_to_exitcode(status)
+    sig = -code if code < 0 else None
     return Outcome(code=code if code >= 0 else None, stdout=text[0], stderr=text[1], seconds=seconds,
-                   timed_out=timed_out, signal=-code if code < 0 else None, max_rss_mb=usage.ru_maxrss / 1024)
+                   cpu_seconds=usage.ru_utime + usage.ru_stime, timed_out=backstop or sig == signal.SIGXCPU,
+                   wall_backstop=backstop, signal=sig, max_rss_mb=usage.ru_maxrss / 1024)
 
 
 _WARNING = re.compile(r"(Warning|warnings\.warn|^\s*warn\(|^\s*$)")
@@ -194,8 +217,11 @@ def error_lines(stderr: str) -> list[str]:
 def violations(case: Case, outcome: Outcome, before: dict[str, str], after: dict[str, str]) -> list[str]:
     """Every way the outcome breaks the contract (empty: the case passed)."""
     found = []
-    if outcome.timed_out:
-        found.append(f"ran past its {case.seconds:g} s budget (killed)")
+    if outcome.wall_backstop:
+        found.append(f"ran past the wall-clock backstop of {wall_backstop(case.seconds):g} s (killed; blocked "
+                     f"after {outcome.cpu_seconds:.1f} CPU s?)")
+    elif outcome.timed_out:
+        found.append(f"used more than its {case.seconds:g} CPU-second budget (SIGXCPU)")
     elif outcome.signal is not None:
         found.append(f"killed by signal {outcome.signal} (memory limit or crash)")
     elif outcome.code not in (0, 1, 2):

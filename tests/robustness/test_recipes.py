@@ -1,5 +1,5 @@
 """Robustness harness: bad recipes and key=value overrides through `validate`, `train` and
-`prepare --dry-run`, in-process, each case in a forked child under a time and memory limit
+`prepare --dry-run`, in-process, each case in a forked child under a CPU-time and memory limit
 (tests/robustness/sandbox.py says what is asserted).
 
 Generated inputs per test in CI (DRAFTSMITH_HARNESS_EXAMPLES=N runs N random ones instead):

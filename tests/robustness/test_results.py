@@ -1,6 +1,6 @@
 """Robustness harness: damaged and hostile result files (what `draftsmith eval` writes, as received
 from someone else) and bad flags through `report` and `leaderboard`, in-process, each case in a
-forked child under a time and memory limit (tests/robustness/sandbox.py says what is asserted).
+forked child under a CPU-time and memory limit (tests/robustness/sandbox.py says what is asserted).
 
 Generated inputs per test in CI (DRAFTSMITH_HARNESS_EXAMPLES=N runs N random ones instead):
   report:      16 bad values anywhere in the result (half with --no-html), 8 damaged documents,
