@@ -209,13 +209,20 @@ def read_speedup_profile(path: Path) -> dict | None:
     """PATH/speedup_profile.json (`draftsmith profile`), checked, or None when there is none: a regular
     UTF-8 file of at most 16 MiB holding the profile's schema, and a `recommendation` mapping workload
     names to mappings (export reads it: stops_paying_at_batch, recommended_num_speculative_tokens)."""
-    from draftsmith.report.speedup_model import PROFILE_FILE, PROFILE_SCHEMA
+    from draftsmith.report.speedup_model import PROFILE_FILE
 
     file = Path(path) / PROFILE_FILE
     if not os.path.lexists(file):
         return None
-    fix = f"rerun `draftsmith profile {path}` or delete it"
-    data = read_json_object(file, "speedup profile")
+    return check_speedup_profile(read_json_object(file, "speedup profile"), file, path)
+
+
+def check_speedup_profile(data: dict, file: Path, checkpoint) -> dict:
+    """A speedup profile's schema and `recommendation` (a mapping of workload to mapping), else one line
+    naming `file`."""
+    from draftsmith.report.speedup_model import PROFILE_SCHEMA
+
+    fix = f"rerun `draftsmith profile {checkpoint}` or delete it"
     if data.get("schema") != PROFILE_SCHEMA:
         raise UserError(f"{file}: schema {str(data.get('schema'))[:60]!r} is not {PROFILE_SCHEMA}; {fix}")
     rec = data.get("recommendation")

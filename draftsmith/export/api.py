@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from draftsmith.core.errors import UserError
 from draftsmith.core.files import clean_stale_temps, disk_full_guard, temp_dir_beside, terminate_cleanly
 from draftsmith.export.common import CONFIG_FILE, SIDECAR_FILE, WEIGHTS_FILE, ExportFiles, ExportOptions
-from draftsmith.report.speedup_model import PROFILE_FILE, PROFILE_SCHEMA
+from draftsmith.report.speedup_model import PROFILE_FILE
 
 
 @dataclass
@@ -222,23 +222,28 @@ def _servable_k(exporter, loaded, k: int) -> bool:
 
 
 def _speedup_profile(checkpoint) -> str | None:
-    """The text of CHECKPOINT/speedup_profile.json (written by `draftsmith profile`), or None."""
-    path = Path(checkpoint) / PROFILE_FILE if checkpoint is not None else None
-    if path is None or not path.exists():
-        return None
-    text = path.read_text(encoding="utf-8")
+    """The text of CHECKPOINT/speedup_profile.json (written by `draftsmith profile`), or None: a bounded
+    regular UTF-8 file (core/files), strict JSON (no NaN / Infinity, which break every strict reader it is
+    copied on to) holding the profile's schema and a `recommendation` of mappings."""
+    from draftsmith.checkpoint import check_speedup_profile
+    from draftsmith.core.files import read_received_text
 
-    def no_constant(name):  # NaN / Infinity are not JSON; copied on, they break every strict reader
-        raise UserError(f"{path}: holds {name}, which is not JSON; rerun `draftsmith profile {checkpoint}` or delete it")
+    path = Path(checkpoint) / PROFILE_FILE if checkpoint is not None else None
+    if path is None or not os.path.lexists(path):
+        return None
+    text = read_received_text(path, "speedup profile")
+    fix = f"rerun `draftsmith profile {checkpoint}` or delete it"
+
+    def no_constant(name):
+        raise UserError(f"{path}: holds {name}, which is not JSON; {fix}")
 
     try:
         data = json.loads(text, parse_constant=no_constant)
     except json.JSONDecodeError as err:
-        raise UserError(f"{path}: not valid JSON ({err.msg}); rerun `draftsmith profile {checkpoint}` or delete it") from err
+        raise UserError(f"{path}: not valid JSON ({err.msg}); {fix}") from err
     except RecursionError:
-        raise UserError(f"{path}: nested too deeply; rerun `draftsmith profile {checkpoint}` or delete it") from None
-    if not isinstance(data, dict) or data.get("schema") != PROFILE_SCHEMA:
-        data = data if isinstance(data, dict) else {"schema": f"(a JSON {type(data).__name__})"}
-        raise UserError(f"{path}: schema {data.get('schema')!r} is not {PROFILE_SCHEMA}; "
-                         f"rerun `draftsmith profile {checkpoint}` or delete it")
+        raise UserError(f"{path}: nested too deeply; {fix}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: holds a JSON {type(data).__name__}, not a speedup profile; {fix}")
+    check_speedup_profile(data, path, checkpoint)
     return text

@@ -136,3 +136,32 @@ def test_recipes_past_their_bounds(check, kind):
     out = check(Case(["validate", "recipe.yaml"], names=["recipe.yaml"], named_at=(1, 2), seconds=QUICK,
                      expect_error=True), [damage])
     assert len(out.stdout) < 20_000
+
+
+# --------------------------------------------------------------------------- export's copy of the speedup profile
+
+EXPORT = ["export", CKPT, "--to", "vllm", "--out", "exp"]
+
+
+@harness_settings(5)
+@given(kind=KINDS)
+def test_export_received_profile_special(check, kind):
+    """export reads the checkpoint's speedup_profile.json itself (to copy it on): bounded, regular files only."""
+    check(Case(EXPORT, names=["speedup_profile.json"], outputs=["exp"], seconds=QUICK, expect_error=True),
+          [S.special_file(f"{CKPT}/speedup_profile.json", kind)])
+
+
+def _profile(kind):
+    def apply(root):
+        text = json.dumps({"schema": "draftsmith.speedup-profile", "recommendation": [1]} if kind == "list_rec"
+                          else {"schema": "draftsmith.speedup-profile", "recommendation": {"w": 5}})
+        path = root / CKPT / "speedup_profile.json"
+        path.write_bytes(text.encode("utf-16") if kind == "utf16" else text.encode())
+    return apply
+
+
+@harness_settings(3)
+@given(kind=st.sampled_from(["utf16", "list_rec", "int_rec"]))
+def test_export_damaged_profile(check, kind):
+    damage = S.Damage(f"speedup_profile.json: {kind}", _profile(kind), ["speedup_profile.json"])
+    check(Case(EXPORT, names=["speedup_profile.json"], outputs=["exp"], seconds=QUICK, expect_error=True), [damage])
