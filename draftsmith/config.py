@@ -25,6 +25,7 @@ from draftsmith.core.errors import ConfigError, UserError
 from draftsmith.core.files import MAX_YAML_BYTES, read_received_bytes
 from draftsmith.core.safe_yaml import MAX_REPR, YAMLBoundError, short_repr
 from draftsmith.core.safe_yaml import load as load_yaml  # defined beside the other expected errors; raised here
+from draftsmith.core.urls import has_userinfo, redacted
 
 # --------------------------------------------------------------------------- schema
 
@@ -468,6 +469,9 @@ def _range_checks(cfg: RecipeConfig) -> list[str]:
         (r.batch_size >= 1, f"regenerate.batch_size: must be >= 1, got {r.batch_size}"),
         (r.timeout_s > 0, f"regenerate.timeout_s: must be > 0, got {r.timeout_s}"),
         (r.limit is None or r.limit >= 1, f"regenerate.limit: must be >= 1 or null, got {r.limit}"),
+        (not has_userinfo(r.endpoint), f"regenerate.endpoint: {redacted(r.endpoint)} holds a user name or password; a "
+                                       "recipe travels, so credentials never go in it: remove them from the URL and "
+                                       "pass a key with --api-key-env NAME or $DRAFTSMITH_API_KEY (sent as a Bearer token)"),
     ]
     return [message for ok, message in rules if not ok]
 

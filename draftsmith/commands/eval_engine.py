@@ -83,13 +83,18 @@ def check_engine_args(args) -> None:
 def engine_files(args, loaded, work: Path) -> dict:
     """The GGUF files to serve: --engine-export DIR, else a fresh --to llama.cpp export into `work`."""
     from draftsmith.core.errors import UserError
-    from draftsmith.export.llamacpp import export_llamacpp, read_export_dir
+    from draftsmith.export.llamacpp import export_llamacpp, layout_of, read_export_dir
 
     if args.engine_export:
         side = read_export_dir(args.engine_export)
-        if side.get("drafter_kind") != loaded.drafter.kind:
-            raise UserError(f"--engine-export {args.engine_export} holds a {side.get('drafter_kind')} drafter, the "
+        if side["drafter_kind"] != loaded.drafter.kind:
+            raise UserError(f"--engine-export {args.engine_export} holds a {side['drafter_kind'][:40]} drafter, the "
                             f"checkpoint a {loaded.drafter.kind}; export this checkpoint with --to llama.cpp")
+        expected = layout_of(loaded.drafter.kind).spec_type
+        if side["spec_type"] != expected:
+            raise UserError(f"--engine-export {args.engine_export}: draftsmith.json says spec_type "
+                            f"{side['spec_type'][:40]!r}, a {loaded.drafter.kind} export serves as {expected!r}; "
+                            "export this checkpoint again with --to llama.cpp")
         if args.target_gguf:
             side["target"] = str(Path(args.target_gguf).resolve())
         return side

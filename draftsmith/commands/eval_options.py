@@ -140,6 +140,11 @@ def check_args(args: EvalOptions) -> None:
                  f"--workloads {args.workloads!r}: names no workload; give e.g. --workloads spec_bench,mt_bench"),
                 (args.dtype is not None and args.dtype not in DTYPES,
                  f"--dtype {args.dtype!r}: choose one of {', '.join(DTYPES)}")]
+    engine_only = [name for name, given in (("--engine-export", args.engine_export), ("--target-gguf", args.target_gguf),
+                                            ("--engine-threads", args.engine_threads != 1)) if given]
+    problems.append((bool(engine_only) and not args.engine,
+                     f"{' and '.join(engine_only)} set up the engine run: add --engine llama.cpp, or drop "
+                     f"{'them' if len(engine_only) > 1 else 'it'}"))
     for bad, message in problems:
         if bad:
             raise UserError(message)

@@ -45,6 +45,7 @@ import torch
 
 from draftsmith.core.errors import UserError
 from draftsmith.core.files import check_output_file, write_text_atomically
+from draftsmith.core.urls import redacted
 from draftsmith.data import chat, formats
 
 MAX_EXAMPLES = 10
@@ -176,8 +177,8 @@ def api_key(api_key_env: Optional[str] = None, endpoint: Optional[str] = None,
     if endpoint and configured and _origin(configured) == _origin(endpoint):
         return os.environ[API_KEY_VARIABLE], f"${API_KEY_VARIABLE} (the endpoint is ${API_ENDPOINT_VARIABLE})"
     why = (f"${API_ENDPOINT_VARIABLE} is not set" if not configured
-           else f"regenerate.endpoint is not ${API_ENDPOINT_VARIABLE} ({configured})")
-    log(f"regenerate: ${API_KEY_VARIABLE} is set but NOT sent to {endpoint}: {why}. A recipe chooses the endpoint, so "
+           else f"regenerate.endpoint is not ${API_ENDPOINT_VARIABLE} ({redacted(configured)})")
+    log(f"regenerate: ${API_KEY_VARIABLE} is set but NOT sent to {redacted(endpoint)}: {why}. A recipe chooses the endpoint, so "
         f"the key goes only to ${API_ENDPOINT_VARIABLE}, or pass --api-key-env {API_KEY_VARIABLE} to send it there")
     return None, f"none (${API_KEY_VARIABLE} withheld: {why})"
 
@@ -186,9 +187,9 @@ def check_endpoint(endpoint: str, has_key: bool) -> None:
     """http(s) only; an API key never travels over plain http except to this machine."""
     url = urllib.parse.urlparse(endpoint)
     if url.scheme not in ("http", "https") or not url.hostname:
-        raise UserError(f"regenerate.endpoint {endpoint!r} is not an http(s) URL; e.g. http://127.0.0.1:8000/v1")
+        raise UserError(f"regenerate.endpoint {redacted(endpoint)!r} is not an http(s) URL; e.g. http://127.0.0.1:8000/v1")
     if has_key and url.scheme == "http" and url.hostname not in LOCAL_HOSTS:
-        raise UserError(f"regenerate.endpoint {endpoint!r}: refusing to send the API key over plain http to "
+        raise UserError(f"regenerate.endpoint {redacted(endpoint)!r}: refusing to send the API key over plain http to "
                          f"{url.hostname}; use https://, or a server on localhost")
 
 
@@ -350,7 +351,7 @@ class HTTPGenerator:
     def generate(self, histories: list[list[dict]]) -> list[Result]:
         if not self.announced:  # say where the data (and key) go before the first request
             where = f"sent to {urllib.parse.urlparse(self.rcfg.endpoint).netloc}" if self.key else "not sent"
-            self.log(f"regenerate: sending prompts to {self.rcfg.endpoint} (model {self.rcfg.model}, "
+            self.log(f"regenerate: sending prompts to {redacted(self.rcfg.endpoint)} (model {self.rcfg.model}, "
                      f"API key: {self.key_source}, {where})")
             self.announced = True
         with ThreadPoolExecutor(max_workers=max(1, min(self.rcfg.batch_size, len(histories)))) as pool:

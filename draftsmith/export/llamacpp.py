@@ -161,7 +161,8 @@ class LlamaCppLayout(Layout):
 
     def check_k(self, drafter, k: int) -> None:
         if k < 1:
-            raise UserError(f"--num-speculative-tokens {k}: must be >= 1")
+            raise UserError(f"--num-speculative-tokens {k}: llama.cpp drafts at least 1 token a round "
+                            f"(--spec-draft-n-max); give 1 or more, or omit it for this drafter's default")
 
     def write_source(self, loaded, hf_dir: Path, k: int) -> None:
         """The directory llama.cpp's converter reads."""
@@ -186,7 +187,7 @@ class LlamaCppLayout(Layout):
         if given is not None and not given.is_file():
             raise UserError(f"--target-gguf {opts.target_gguf}: no such file; give the target's GGUF or omit the flag "
                             "to convert it")
-        k = int(opts.num_speculative_tokens or self.default_k(loaded.drafter))
+        k = self.default_k(loaded.drafter) if opts.num_speculative_tokens is None else int(opts.num_speculative_tokens)
         self.check_k(loaded.drafter, k)
         tools = find_llama_cpp()
         given = served_target(loaded, given)
@@ -390,18 +391,33 @@ def check_with_server(tools, target: Path, draft: Path, spec_type: str, k: int, 
 
 
 def read_export_dir(directory) -> dict:
-    """draftsmith.json of a --to llama.cpp export, with absolute `draft` / `target` paths."""
+    """draftsmith.json of a --to llama.cpp export (a received file: bounded, checked), with absolute `draft` /
+    `target` paths. The draft GGUF must lie inside the export; the target inside it, or, where the export was
+    given --target-gguf, a regular .gguf file elsewhere (export records that path as given)."""
+    from draftsmith.core.files import read_json_object
+
     directory = Path(directory)
-    try:
-        side = json.loads((directory / "draftsmith.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{directory}: no readable draftsmith.json ({exc}); pass a directory written by "
-                        "`draftsmith export CKPT --to llama.cpp --out DIR`") from exc
+    sidecar = directory / "draftsmith.json"
+    if not sidecar.is_file():
+        raise UserError(f"{directory}: no draftsmith.json; pass a directory written by "
+                        "`draftsmith export CKPT --to llama.cpp --out DIR`")
+    side = read_json_object(sidecar, "llama.cpp export's draftsmith.json")
+    fix = "export again with `draftsmith export CKPT --to llama.cpp --out DIR`"
     if side.get("format") != FORMAT:
-        raise UserError(f"{directory}/draftsmith.json: format {side.get('format')!r} is not {FORMAT!r}; "
-                        "export with --to llama.cpp")
-    side["draft"] = str((directory / side["draft"]).resolve())
-    side["target"] = str((directory / side["target"]).resolve())  # an absolute --target-gguf stays as it is
+        raise UserError(f"{sidecar}: format {str(side.get('format'))[:60]!r} is not {FORMAT!r}; {fix}")
+    for key in ("draft", "target", "spec_type", "drafter_kind"):
+        if not isinstance(side.get(key), str) or not side[key] or len(side[key]) > 4096:
+            raise UserError(f"{sidecar}: `{key}` must be a non-empty string, got {json.dumps(side.get(key))[:60]}; {fix}")
+    root = directory.resolve()
+    for key in ("draft", "target"):
+        path = (directory / side[key]).resolve()
+        inside = path.is_relative_to(root)
+        if not inside and (key == "draft" or not Path(side[key]).is_absolute() or path.suffix != ".gguf"):
+            raise UserError(f"{sidecar}: `{key}` {side[key][:120]!r} points outside the export; a received export "
+                            f"names its own files; {fix}")
+        if not path.is_file():
+            raise UserError(f"{sidecar}: `{key}` {side[key][:120]!r} is not a regular file; {fix}")
+        side[key] = str(path)
     return side
 
 

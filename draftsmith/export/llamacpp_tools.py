@@ -38,6 +38,7 @@ LLAMA_CPP_VERSION = "0.3.36"  # the llama-cpp-python sdist whose vendor/llama.cp
 INSTALL_COMMAND = "bash scripts/install_llama_cpp.sh"
 STARTUP_TIMEOUT_S = 120.0  # model load + warm-up of a small model takes a few seconds
 REQUEST_TIMEOUT_S = 300.0  # one completion of at most a few hundred tokens on a small model
+MAX_REPLY_BYTES = 16 << 20  # a /completion reply of a few hundred token ids is a few KiB
 
 
 class LlamaCppMissing(FileNotFoundError):
@@ -118,6 +119,31 @@ def _raise_on_sigterm():
     return signal.signal(signal.SIGTERM, handler)
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent(parent_pid: int):
+    """The child's pre-exec step: ask Linux to SIGKILL it when draftsmith dies, by any signal, SIGKILL included
+    (prctl PR_SET_PDEATHSIG; the setting survives exec). If draftsmith died before the call, the child exits
+    at once. Elsewhere (no prctl) the server is stopped by __exit__ / SIGTERM / SIGINT only."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        prctl = None
+
+    def pre_exec():
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # draftsmith is already gone
+            os._exit(1)
+
+    return pre_exec
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -159,9 +185,11 @@ class LlamaServer:
         self._log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
         self._sigterm = _raise_on_sigterm()  # SIGTERM unwinds through __exit__ too (SIGINT already does)
         try:
-            # its own session / process group: stopping it never touches anything else
+            # its own session / process group: stopping it never touches anything else; and it dies with
+            # draftsmith, even on SIGKILL (the parent-death signal, _die_with_parent)
             self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=_die_with_parent(os.getpid()))
             self._wait_healthy()
         except BaseException:
             self.stop()
@@ -229,11 +257,30 @@ class LlamaServer:
                                      headers={"Content-Type": "application/json"}, method="POST")
         try:
             with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
-                reply = json.loads(r.read())
+                body = r.read(MAX_REPLY_BYTES + 1)
         except urllib.error.HTTPError as exc:
-            raise LlamaCppError(f"llama-server answered {exc.code}: {exc.read()[:300]!r}") from exc
+            raise LlamaCppError(f"llama-server answered {exc.code}: {exc.read(300)!r}") from exc
         except (urllib.error.URLError, TimeoutError, OSError) as exc:
             raise LlamaCppError(f"llama-server request failed ({exc}): {self.log_tail()}") from exc
-        if "tokens_predicted" not in reply or "timings" not in reply:
-            raise LlamaCppError(f"llama-server reply lacks tokens_predicted/timings: {sorted(reply)}")
-        return reply
+        return parse_reply(body)
+
+
+def parse_reply(body: bytes) -> dict:
+    """A /completion reply, checked: at most MAX_REPLY_BYTES of JSON, an object with `tokens_predicted` (an int)
+    and `timings` (an object), `tokens` a list of ints when present; else LlamaCppError in one line."""
+    if len(body) > MAX_REPLY_BYTES:
+        raise LlamaCppError(f"llama-server's reply is over {MAX_REPLY_BYTES >> 20} MiB; not read")
+    try:
+        reply = json.loads(body)
+    except RecursionError:
+        raise LlamaCppError("llama-server's reply is nested too deeply to be a /completion reply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise LlamaCppError(f"llama-server's reply is not JSON ({str(exc)[:80]})") from None
+    if not isinstance(reply, dict):
+        raise LlamaCppError(f"llama-server's reply is a JSON {type(reply).__name__}, not an object")
+    if not isinstance(reply.get("tokens_predicted"), int) or not isinstance(reply.get("timings"), dict):
+        raise LlamaCppError(f"llama-server reply lacks tokens_predicted/timings: {sorted(reply)[:20]}")
+    tokens = reply.get("tokens")
+    if tokens is not None and (not isinstance(tokens, list) or not all(type(t) is int for t in tokens)):
+        raise LlamaCppError("llama-server reply's `tokens` is not a list of token ids")
+    return reply

@@ -138,3 +138,12 @@ def test_a_jsonl_workload_row_that_is_not_an_object_is_one_line(ckpt, tmp_path, 
     argv = ["eval", "--proposer", "ngram", "--target", "builtin:pycode-tiny", "--workloads", f"jsonl:{rows}",
             "--max-new-tokens", "4", "--warmup", "0", "--out", str(tmp_path / "r.json")]
     _one_line(capsys, argv, f"jsonl:{rows}", "row 2 is a JSON list")
+
+
+@pytest.mark.parametrize("extra, needles", [
+    (["--engine-export", "exp"], ["--engine-export set up the engine run", "add --engine llama.cpp"]),
+    (["--target-gguf", "t.gguf"], ["--target-gguf set up the engine run"]),
+    (["--engine-export", "exp", "--engine-threads", "2"], ["--engine-export and --engine-threads", "drop them"]),
+])
+def test_engine_flags_without_engine_are_refused_not_ignored(capsys, extra, needles):
+    _one_line(capsys, ["eval", "--proposer", "ngram", "--target", "builtin:pycode-tiny", *extra], *needles)
