@@ -10,6 +10,7 @@
     draftsmith report results/run.json
     draftsmith ls                              # drafter kinds, workloads, export formats, recipes
     draftsmith inspect TARGET [--kind K]       # a target's shape, rope, features, kinds that work
+    draftsmith doctor EXPORT_DIR -- vllm serve ...   # check a serve command against the export (exit 1: mismatch)
 
 Expected errors (a bad path, value or key, a mismatch, a missing file, an offline load without
 a cache) print one line naming the file, key or value and the fix, and exit 2. Add `--debug`
@@ -38,6 +39,7 @@ SUBCOMMANDS = {
     "report": ("draftsmith.commands.report", "show one result file in the terminal and as HTML"),
     "ls": ("draftsmith.commands.ls", "list drafter kinds, workloads, export formats and recipes"),
     "inspect": ("draftsmith.commands.inspect", "show a target's shape, rope, features and the drafter kinds that work for it"),
+    "doctor": ("draftsmith.commands.doctor", "check a serve command or engine config against what an export was trained for"),
 }
 
 

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from draftsmith import __version__
+from draftsmith import config as config_mod
 from draftsmith.core.errors import UserError
 from draftsmith.export.common import EXPORTERS, ExportFiles, ExportOptions, Layout, layouts, not_taken
 from draftsmith.export.engine_gaps import REFUSED
@@ -217,6 +218,7 @@ class LlamaCppLayout(Layout):
             "draft": self.draft_file, "target": p.target_path.name if p.given_target is None else str(p.given_target),
             "target_converted_by_draftsmith": p.given_target is None, "target_dir": str(p.target_dir),
             "aux_layer_ids": list(getattr(loaded.drafter, "aux_layer_ids", []) or []),
+            "recipe": config_mod.to_dict(loaded.config),  # the drafter options `draftsmith doctor` checks k against
             "serve_command": None, "check": None,
             "checkpoint": str(checkpoint) if checkpoint is None or isinstance(checkpoint, (str, os.PathLike)) else None,
             "draftsmith_version": __version__,

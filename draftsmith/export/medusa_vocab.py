@@ -83,6 +83,18 @@ def token_map_problems(tensors: dict[str, torch.Tensor], drafter) -> list[str]:
     return problems
 
 
+def release_vocab_problem(config: dict, release: str | None) -> str | None:
+    """Why vLLM `release` will not map the draft vocabulary of an export with this config.json (per-head heads
+    over truncated_vocab_size load in PER_HEAD_RELEASES only), or None (`draftsmith doctor`)."""
+    vocab = config.get("vocab_size")
+    truncated = config.get("truncated_vocab_size", vocab)
+    if not isinstance(vocab, int) or not isinstance(truncated, int) or truncated >= vocab:
+        return None
+    if config.get("original_lm_head") or release in PER_HEAD_RELEASES:
+        return None
+    return f"per-head lm_heads over truncated_vocab_size {truncated}: {PER_HEAD_WHY}"
+
+
 def layout_problems(config: dict, drafter, release: str | None) -> list[str]:
     """original_lm_head and per-head truncated heads against the trained heads and the recorded vLLM release."""
     problems = []

@@ -1,0 +1,115 @@
+"""`draftsmith doctor`: check a user's serve command (or engine config) against what an export was trained and
+written for, one line per mismatch: what the engine will do, what the drafter was trained for, the fix.
+
+    report = diagnose("exported/vllm", ["vllm", "serve", "meta-llama/...", "--speculative-config", "{...}"])
+    report = diagnose_config("exported/trtllm", "extra_llm_api_options.yaml")
+    print("\n".join(report.lines())); sys.exit(report.exit_code)   # 1: a mismatch that changes acceptance/output
+
+The contract is the export directory (doctor_contract.py) and the serve command `draftsmith export` printed and
+validated for it: the user's command is read by the same engine reader as the export's (doctor_vllm.py,
+doctor_sglang.py, doctor_trtllm.py, doctor_llamacpp.py), and every field that changes what the draft computes is
+compared. Flags no reader knows are listed as "not checked", never passed over.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass, field
+
+from draftsmith.core.errors import UserError
+from draftsmith.export import doctor_llamacpp, doctor_sglang, doctor_trtllm, doctor_vllm, engine_versions
+from draftsmith.export.doctor_args import Command, split_command
+from draftsmith.export.doctor_contract import Contract, Finding, read_contract
+
+ENGINES = (doctor_vllm, doctor_sglang, doctor_trtllm, doctor_llamacpp)
+KNOWN_PROGRAMS = "vllm serve, python -m sglang.launch_server, trtllm-serve, llama-server"
+
+
+@dataclass
+class Report:
+    engine: str
+    findings: list[Finding] = field(default_factory=list)
+    unchecked: list[str] = field(default_factory=list)
+
+    @property
+    def mismatches(self) -> list[Finding]:
+        return [f for f in self.findings if f.changes_acceptance]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.mismatches else 0
+
+    def lines(self) -> list[str]:
+        out = [f.line(self.engine) for f in self.findings]
+        if self.unchecked:
+            out.append("not checked: " + ", ".join(dict.fromkeys(self.unchecked)))
+        n = len(self.mismatches)
+        out.append(f"doctor: {n} mismatch(es) that change acceptance or output" if n else
+                   f"doctor: the {self.engine} command matches the export")
+        return out
+
+
+def engine_of(command: Command, source: str):
+    """The engine reader that recognises `command`'s program; one UserError line for any other program."""
+    for engine in ENGINES:
+        if engine.recognises(command.argv):
+            return engine
+    raise UserError(f"{source}: {command.argv[0][:80]!r} is not an engine doctor reads ({KNOWN_PROGRAMS}); pass the "
+                    "engine's own serve command after `--`")
+
+
+def installed_release(engine) -> str | None:
+    """The engine's installed release on this machine (doctor is meant to run where the engine runs)."""
+    if engine.PACKAGE is None:
+        return None
+    try:
+        return importlib.metadata.version(engine.PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def normalised_release(contract: Contract, release: str | None) -> str | None:
+    if release is None or not engine_versions.versions(contract.fmt):
+        return release
+    try:
+        return engine_versions.resolve(contract.fmt, release)
+    except UserError:
+        return release
+
+
+def diagnose(export_dir, command, engine_version: str | None = None) -> Report:
+    """Check `command` (a string, or argv words) against the export in `export_dir`."""
+    contract = read_contract(export_dir)
+    return check_command(contract, split_command(command), engine_version)
+
+
+def diagnose_config(export_dir, config_file, engine_version: str | None = None) -> Report:
+    """Check an engine config file (for the export's engine) against the export in `export_dir`."""
+    contract = read_contract(export_dir)
+    engine = engine_of(split_command(contract.serve_command, "the export's serve command"), "the export's serve command")
+    return check_command(contract, engine.config_command(config_file), engine_version)
+
+
+def check_command(contract: Contract, command: Command, engine_version: str | None) -> Report:
+    exported = split_command(contract.serve_command, f"{contract.export_dir}/draftsmith.json serve_command")
+    want_engine = engine_of(exported, "the export's serve command")
+    engine = engine_of(command, "the serve command")
+    if engine is not want_engine:
+        line = " ".join(contract.serve_command.split())
+        return Report(engine.ENGINE, [Finding("engine", f"not load this export ({contract.fmt} format)",
+                                              f"{want_engine.ENGINE}", f"serve it as printed at export: {line}")])
+    release = normalised_release(contract, engine_version or installed_release(engine))
+    got = engine.read(command, "the serve command")
+    want = engine.expected(contract, exported)
+    findings, unchecked = engine.check(contract, got, want, release)
+    return Report(engine.ENGINE, findings, unchecked)
+
+
+def prediction(export_dir, command, engine_version: str | None = None) -> dict:
+    """doctor's prediction for a command, as data (for a test that serves it and measures tau): whether it
+    predicts lower acceptance or other output than the export's own command, and why, one entry per field."""
+    report = diagnose(export_dir, command, engine_version)
+    return {"engine": report.engine, "exit_code": report.exit_code,
+            "predicts_lower_acceptance": bool(report.mismatches),
+            "mismatches": [{"field": f.field, "engine_does": f.engine_does, "trained_for": f.trained_for, "fix": f.fix}
+                           for f in report.mismatches],
+            "lines": report.lines()}

@@ -1,0 +1,181 @@
+"""Reading a serve command or an engine config the way the engines read them, with bounds: a command line
+is split as a POSIX shell splits it (shlex), leading NAME=VALUE words are the environment, a flag's value
+follows it or comes after `=`, the last of a repeated flag wins (argparse, click and llama.cpp alike), and
+`--a_b` is `--a-b` (vLLM's FlexibleArgumentParser and llama.cpp's arg.cpp both rewrite '_' to '-').
+JSON and YAML that a user hands over are bounded in size and nesting; every problem is one UserError line.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from draftsmith.core import safe_yaml
+from draftsmith.core.errors import UserError
+from draftsmith.core.files import read_received_text
+
+MAX_COMMAND_CHARS = 2**20  # a serve command with its JSON: a few hundred characters when written by hand
+MAX_CONFIG_BYTES = 2**20  # a speculative_config JSON, SGLang args, TRT-LLM extra_llm_api_options: a few KiB
+MAX_DEPTH = 32  # nesting of a speculative_config: 2 levels in every engine
+_ENV_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_NUMBER = re.compile(r"^-\d")
+
+
+@dataclass
+class Command:
+    """A command line split into the environment it sets and its words."""
+
+    env: dict[str, str]
+    argv: list[str]
+
+
+@dataclass
+class Flags:
+    """What a command's flags set, by the canonical names an engine module gave them."""
+
+    values: dict[str, list[str]] = field(default_factory=dict)  # canonical -> the value(s) of its last use
+    positionals: list[str] = field(default_factory=list)
+    unchecked: list[str] = field(default_factory=list)  # flags doctor does not read, as written
+
+    def get(self, name: str) -> str | None:
+        got = self.values.get(name)
+        return got[0] if got else None
+
+
+def split_command(command, source: str = "the serve command") -> Command:
+    """`command` (a string, or the words after `--`; one word holding spaces is split again) as env + argv.
+    Comment lines are skipped and of several command lines the last is the serve command (export prints
+    a `# vLLM >= ...` line above some, and a merge step above Medusa-2's)."""
+    words = [command] if isinstance(command, str) else [str(w) for w in command]
+    if sum(len(w) for w in words) > MAX_COMMAND_CHARS:
+        raise UserError(f"{source}: more than {MAX_COMMAND_CHARS:,} characters; a serve command is a few hundred: "
+                        "pass the engine's own command line")
+    if len(words) == 1 and (" " in words[0].strip() or "\n" in words[0]):
+        words = _split_text(words[0], source)
+    env: dict[str, str] = {}
+    while words and _ENV_WORD.match(words[0]):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    if words and words[0] == "env":  # `env A=1 vllm serve ...`
+        return split_command(words[1:], source) if len(words) > 1 else Command(env, [])
+    if not words:
+        raise UserError(f"{source}: no command; pass the engine's command after `--`, e.g. `-- vllm serve MODEL ...`")
+    return Command(env, words)
+
+
+def _split_text(text: str, source: str) -> list[str]:
+    text = text.replace("\\\n", " ")
+    lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if not lines:
+        raise UserError(f"{source}: holds only comments; pass the engine's command")
+    try:
+        return shlex.split(lines[-1])
+    except ValueError as exc:  # "No closing quotation", "No escaped character"
+        raise UserError(f"{source}: cannot be split as a shell would ({exc}); balance the quotes around the "
+                        "--speculative-config JSON (e.g. '{\"method\": ...}')") from None
+
+
+def canonical_flag(word: str) -> str:
+    """`--a_b` -> `--a-b` (the flag name only, never its `=value`)."""
+    return "--" + word[2:].replace("_", "-") if word.startswith("--") else word
+
+
+def scan(argv: list[str], known: dict[str, tuple[str, int]], source: str) -> Flags:
+    """Flags of `argv` (the words after the engine's program): `known` maps each spelling (canonical_flag
+    form) to (name, number of values); `--x.key v` sets name `x.key` when `--x` is known (vLLM's dotted
+    config flags). A flag doctor does not know is listed in `unchecked`, with the word after it taken as
+    its value unless that word is a flag."""
+    flags, i = Flags(), 0
+    while i < len(argv):
+        word = argv[i]
+        if not word.startswith("-") or _NUMBER.match(word) or word == "-":
+            flags.positionals.append(word)
+            i += 1
+            continue
+        name, has_eq, inline = canonical_flag(word).partition("=")
+        base, dot, key = name.partition(".")
+        entry = known.get(name) or (known.get(base) if dot else None)
+        if entry is None:
+            flags.unchecked.append(word.split("=")[0])
+            takes_next = not has_eq and i + 1 < len(argv) and (not argv[i + 1].startswith("-") or _NUMBER.match(argv[i + 1]))
+            i += 2 if takes_next else 1
+            continue
+        canon, nargs = entry
+        canon = f"{canon}.{key}" if dot and known.get(name) is None else canon
+        if has_eq:
+            values, i = [inline], i + 1
+        else:
+            values, i = argv[i + 1:i + 1 + nargs], i + 1 + nargs
+            if len(values) < nargs:
+                raise UserError(f"{source}: {word} needs {nargs} value(s) and the command ends; give it, or drop the flag")
+        flags.values[canon] = values
+    return flags
+
+
+def as_int(value: str, flag: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{flag} {str(value)[:40]!r}: not an integer; the engine would refuse it too") from None
+
+
+def as_float(value: str, flag: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{flag} {str(value)[:40]!r}: not a number; the engine would refuse it too") from None
+
+
+def _depth(value) -> int:
+    """Nesting depth of a JSON / YAML value, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if deepest > MAX_DEPTH:
+            return deepest
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return deepest
+
+
+def load_json_object(text: str, source: str) -> dict:
+    """A JSON object from a flag or file, bounded in size and nesting; one UserError line otherwise."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise UserError(f"{source}: {len(text):,} characters of JSON, more than the {MAX_CONFIG_BYTES:,} a "
+                        "speculative config may hold; pass the engine's own small config")
+
+    def no_constant(name):
+        raise UserError(f"{source}: holds {name}, which is not JSON (vLLM's json.loads would take it, then fail); "
+                        "write a number")
+
+    try:
+        data = json.loads(text, parse_constant=no_constant)
+    except RecursionError:
+        raise UserError(f"{source}: nested too deeply to be a speculative config; flatten it") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{source}: not valid JSON ({exc.msg} at column {exc.colno}); quote the JSON for your shell, "
+                        "e.g. --speculative-config '{\"model\": ...}'") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{source}: a JSON {type(data).__name__}, not the object the engine reads")
+    if _depth(data) > MAX_DEPTH:
+        raise UserError(f"{source}: nested deeper than {MAX_DEPTH} levels; a speculative config has 2")
+    return data
+
+
+def read_config_file(path, what: str) -> dict:
+    """A config file a user names (JSON, or YAML for any other suffix), bounded; a mapping, else one line."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: no such file; name the {what} the engine reads")
+    text = read_received_text(path, what, limit=MAX_CONFIG_BYTES)
+    if path.suffix.lower() == ".json":
+        return load_json_object(text, str(path))
+    data = safe_yaml.load(text, str(path))
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: holds a YAML {type(data).__name__}, not the mapping a {what} holds")
+    if _depth(data) > MAX_DEPTH:
+        raise UserError(f"{path}: nested deeper than {MAX_DEPTH} levels; a {what} has 2 or 3")
+    return data

@@ -1,0 +1,105 @@
+"""The checks every engine's doctor shares: the draft is this export, the target is the fingerprinted verifier,
+the dtype is the export's, the engine release serves the kind (export/engine_versions.py), the environment the
+export's command sets. Each returns Findings (doctor_contract.Finding); `fix` builds the corrected flag."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+from draftsmith.core.errors import UserError
+from draftsmith.export import engine_versions
+from draftsmith.export.doctor_contract import Contract, Finding
+
+AUTO_DTYPES = ("auto", None)
+
+
+def same_path(given: str, want: Path) -> bool:
+    try:
+        return Path(given).expanduser().resolve() == Path(want).resolve()
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
+def draft_finding(given: str | None, want: Path, fix: Callable[[str], str], what: str = "draft model") -> list[Finding]:
+    """The draft the engine loads must be this export's directory (or its draft file)."""
+    if given is not None and same_path(given, want):
+        return []
+    does = f"load the draft from {given}" if given else "load no draft model of this export"
+    return [Finding(what, does, f"the files in {want}", fix(str(want)))]
+
+
+def _local_config(path: str) -> dict | None:
+    config = Path(path).expanduser() / "config.json"
+    try:
+        data = json.loads(config.read_text()) if config.is_file() and config.stat().st_size < 2**20 else None
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def target_finding(given: str | None, contract: Contract, fix: Callable[[str], str]) -> list[Finding]:
+    """The target the command names against the verifier draftsmith.json fingerprinted (its serve_as and shape).
+    A local directory of the same shape under another path is a note: its weights are not hashed here."""
+    ident = contract.verifier
+    want = ident.get("serve_as") or ident.get("path")
+    if given is None or not want or given == want or same_path(given, Path(str(want))):
+        return []
+    trained = f"the verifier {want} (fingerprint {ident.get('fingerprint', '?')})"
+    config = _local_config(given)
+    if config is not None:
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+        got = {"vocab_size": text.get("vocab_size"), "hidden_size": text.get("hidden_size"),
+               "num_layers": text.get("num_hidden_layers")}
+        differ = {k: v for k, v in got.items() if ident.get(k) is not None and v != ident.get(k)}
+        if not differ:
+            return [Finding("target", f"verify with {given}, a model of the verifier's shape under another path "
+                            "(its weights are not hashed here)", trained, fix(str(want)), changes_acceptance=False)]
+        shape = ", ".join(f"{k} {v} (trained {ident.get(k)})" for k, v in differ.items())
+        return [Finding("target", f"verify with {given}: {shape}", trained, fix(str(want)))]
+    return [Finding("target", f"verify with {given}, not the fingerprinted verifier", trained, fix(str(want)))]
+
+
+def dtype_finding(given: str | None, contract: Contract, fix: Callable[[str], str]) -> list[Finding]:
+    """An explicit dtype (not auto) other than the one the export wrote."""
+    want = contract.dtype
+    if given in AUTO_DTYPES or want is None or given == want:
+        return []
+    return [Finding("dtype", f"run the models in {given}", f"the export's {want}", fix(want))]
+
+
+def env_findings(given: dict, expected: dict, command: str) -> list[Finding]:
+    """Environment the export's command sets (vLLM 0.9.2's VLLM_USE_V1=0)."""
+    return [Finding(f"environment {name}", f"run with {name}={given.get(name, '(unset)')}",
+                    f"{name}={value} (the export's serve command sets it)", f"{name}={value} {command}")
+            for name, value in expected.items() if given.get(name) != value]
+
+
+def release_findings(contract: Contract, release: str | None, engine: str) -> tuple[list[Finding], list[str]]:
+    """The engine release against export/engine_versions.SERVING: (findings, what was not checked)."""
+    if release is None:
+        return [], [f"{engine} release (pass --engine-version, or run doctor where the engine is installed)"]
+    if not engine_versions.versions(contract.fmt):
+        return [], [f"{engine} release {release} (draftsmith keeps no release table for {engine})"]
+    try:
+        version = engine_versions.resolve(contract.fmt, release)
+    except UserError:
+        read = ", ".join(engine_versions.versions(contract.fmt))
+        return [], [f"{engine} release {release} (draftsmith has read {read} only)"]
+    row = engine_versions.serving(contract.fmt, version, contract.kind)
+    if row.served:
+        return [], []
+    serving = engine_versions.releases_serving(contract.fmt, contract.kind)
+    fix = f"serve with {engine} {serving[-1]}" if serving else f"export for another engine ({row.why})"
+    return [Finding("engine release", f"not serve a {contract.kind} drafter in {version} ({row.why}; "
+                    f"read from {row.source})", f"{engine} {', '.join(serving) or 'none read'}", fix)], []
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in str(text).strip().removeprefix("v").split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)

@@ -1,0 +1,132 @@
+"""What an export was trained and written for, read back from its directory (draftsmith.json, config.json), and
+one finding of `draftsmith doctor`: a field where a serve command departs from it.
+
+The k rule is the export layout's own (`Layout.check_k`, the check `draftsmith export` ran), asked with the
+drafter options the sidecar's recipe records: one whole block for a block drafter in vLLM, SGLang and llama.cpp,
+at most the trained heads / stages / depths for Medusa, the MLP speculator and P-EAGLE.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+from draftsmith.core.errors import UserError
+from draftsmith.core.files import read_json_object
+from draftsmith.export.common import CONFIG_FILE, EXPORTERS, SIDECAR_FILE, layouts
+from draftsmith.heads import DRAFTERS
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One field of a serve command against the export: what the engine will do, what the drafter was trained
+    for, the corrected flag. changes_acceptance False: a note (printed, exit code unchanged)."""
+
+    field: str
+    engine_does: str
+    trained_for: str
+    fix: str
+    changes_acceptance: bool = True
+
+    def line(self, engine: str) -> str:
+        tag = "mismatch" if self.changes_acceptance else "note"
+        return (f"{tag} {self.field}: {engine} will {self.engine_does}; the drafter was trained for "
+                f"{self.trained_for}; fix: {self.fix}")
+
+
+@dataclass
+class Contract:
+    export_dir: Path
+    sidecar: dict
+    config: dict = field(default_factory=dict)  # config.json ({} where the format writes none: llama.cpp)
+
+    @property
+    def fmt(self) -> str:
+        return str(self.sidecar["format"])
+
+    @property
+    def kind(self) -> str:
+        return str(self.sidecar["drafter_kind"])
+
+    @property
+    def k(self) -> int | None:
+        k = self.sidecar.get("num_speculative_tokens")
+        return k if isinstance(k, int) else None
+
+    @property
+    def serve_command(self) -> str:
+        return str(self.sidecar["serve_command"])
+
+    @property
+    def options(self) -> dict:
+        """The drafter options of the recipe the export records ({} when it records none)."""
+        recipe = self.sidecar.get("recipe")
+        drafter = recipe.get("drafter") if isinstance(recipe, dict) else None
+        options = drafter.get("options") if isinstance(drafter, dict) else None
+        return options if isinstance(options, dict) else {}
+
+    @property
+    def verifier(self) -> dict:
+        v = self.sidecar.get("verifier")
+        return v if isinstance(v, dict) else {}
+
+    @property
+    def dtype(self) -> str | None:
+        value = self.config.get("torch_dtype") or self.config.get("dtype")
+        return value if isinstance(value, str) else None
+
+    def file(self, key: str) -> Path | None:
+        """A file the sidecar names (llama.cpp's `draft`, `target`), relative to the export directory."""
+        name = self.sidecar.get(key)
+        return (self.export_dir / name).resolve() if isinstance(name, str) and name else None
+
+    def block_size(self) -> int | None:
+        size = self.options.get("block_size")
+        return size if isinstance(size, int) and DRAFTERS.get(self.kind).drafts_block else None
+
+    def k_problem(self, k: int) -> bool:
+        """Whether the export layout's k rule refuses `k` draft tokens a round."""
+        if k < 1:
+            return True
+        layout = layouts(self.fmt).get(self.kind)(self.fmt, EXPORTERS.get(self.fmt).engine, self.kind)
+        check = getattr(layout, "check_k", None)
+        if not self.options:  # no recipe recorded: a block drafter takes exactly the exported block
+            return bool(DRAFTERS.get(self.kind).drafts_block and self.k is not None and k != self.k)
+        if check is None:
+            return False
+        cls = DRAFTERS.get(self.kind)
+        stand_in = SimpleNamespace(kind=self.kind, cfg=SimpleNamespace(**self.options),
+                                   block_size=self.options.get("block_size"),
+                                   sample_from_anchor=bool(getattr(cls, "sample_from_anchor", False)))
+        try:
+            check(stand_in, k)
+        except UserError:
+            return True
+        return False
+
+    def trained_k(self) -> str:
+        """The k the drafter was trained and exported for, in words."""
+        block = self.block_size()
+        if block is not None:
+            return f"blocks of {block} ({self.k} draft tokens a round)"
+        return f"{self.k} draft tokens a round (the export's k)"
+
+
+def read_contract(export_dir) -> Contract:
+    """The export in `export_dir` (a `draftsmith export` output); one UserError line when it is not one."""
+    directory = Path(export_dir)
+    if not directory.is_dir():
+        raise UserError(f"{directory}: not a directory; pass the --out directory of `draftsmith export`")
+    side_path = directory / SIDECAR_FILE
+    if not side_path.exists():
+        raise UserError(f"{directory}: no {SIDECAR_FILE}; pass the --out directory of `draftsmith export`")
+    side = read_json_object(side_path, "export's draftsmith.json")
+    for key in ("format", "drafter_kind", "serve_command"):
+        if not isinstance(side.get(key), str) or not side[key]:
+            raise UserError(f"{side_path}: no {key}; the file is damaged or from another tool: export again")
+    if side["format"] not in EXPORTERS or side["drafter_kind"] not in DRAFTERS or side["drafter_kind"] not in layouts(side["format"]):
+        raise UserError(f"{side_path}: format {side['format'][:40]!r} / kind {side['drafter_kind'][:40]!r} is not one "
+                        "this draftsmith exports; export again with this version")
+    config_path = directory / CONFIG_FILE
+    config = read_json_object(config_path, "export's config.json") if config_path.is_file() else {}
+    return Contract(directory.resolve(), side, config)
