@@ -4,7 +4,8 @@
 
 Compared with the export's own serve command and draftsmith.json:
   --spec-type (the kind's draft type); --spec-draft-n-max by the layout's rule (a block drafter decodes one block
-  of n_max + 1 (DFlash) / n_max (DSpark) tokens: only the trained block is exact); -md / --model-draft = the
+  of n_max + 1 (DFlash) / n_max (DSpark) tokens: only the trained block is exact; above the trained block
+  llama.cpp clamps n_max to it, a note, not a mismatch: measured, and read in common/speculative.cpp); -md / --model-draft = the
   export's draft GGUF (a -hfd repository is not this export); -m = the target GGUF the export was checked with;
   --spec-draft-p-min against the trained rule: llama.cpp stops at the first slot whose own confidence is below P
   and does not send it, draftsmith cut where the running product of confidences fell below
@@ -92,6 +93,12 @@ def n_max_findings(contract: Contract, got: Settings) -> list[Finding]:
     raw = got.get("n_max")
     k = DEFAULT_N_MAX if raw is None else as_int(raw, N_MAX)
     does = f"draft {k} tokens a round" + (" (its default)" if raw is None else "")
+    if contract.block_size() is not None and contract.k is not None and k > contract.k:
+        # common/speculative.cpp (draft-dflash): "requested draft size ... exceeds the trained block size --
+        # clamping": a block drafter drafts at most its trained block, so a larger n_max changes nothing
+        return [Finding("k", f"clamp {N_MAX} {k} to the trained block's {contract.k} draft tokens (it warns "
+                        "'exceeds the trained block size -- clamping'); acceptance and output are unchanged",
+                        contract.trained_k(), f"{N_MAX} {contract.k}", changes_acceptance=False)]
     if contract.k_problem(k):
         block = contract.block_size()
         if block is not None and contract.k is not None:  # the anchor slot: block - k (DFlash 1, DSpark 0)
