@@ -66,3 +66,17 @@ def tiny_run(tmp_path):
         return config.from_dict(raw, overrides=list(overrides))
 
     return recipe
+
+
+def refused_in_one_line(capsys, argv: list[str], *needles: str) -> str:
+    """`draftsmith ARGV` exits 2 with one stderr line that holds every needle; the line."""
+    from draftsmith.cli import main as cli_main
+
+    capsys.readouterr()
+    rc = cli_main(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert rc == 2 and len(lines) == 1, err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]

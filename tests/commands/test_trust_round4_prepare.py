@@ -9,7 +9,7 @@ import stat
 import pytest
 import yaml
 
-from draftsmith import cli
+from tests.conftest import refused_in_one_line
 
 
 @pytest.fixture
@@ -34,20 +34,10 @@ def recipe(tmp_path):
     return path
 
 
-def _one_line(capsys, argv, *needles):
-    capsys.readouterr()
-    rc = cli.main(argv)
-    err = capsys.readouterr().err
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert rc == 2 and len(lines) == 1, err
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-
-
 @pytest.mark.parametrize("which", ["regen.jsonl", "regen.jsonl.summary.json"])
 def test_regenerate_output_that_is_a_fifo_is_refused(recipe, tmp_path, capsys, which):
     os.mkfifo(tmp_path / which)
-    _one_line(capsys, ["prepare", str(recipe), f"regenerate.output={tmp_path / 'regen.jsonl'}"],
+    refused_in_one_line(capsys, ["prepare", str(recipe), f"regenerate.output={tmp_path / 'regen.jsonl'}"],
               "regenerate.output", which, "FIFO")
     assert stat.S_ISFIFO(os.lstat(tmp_path / which).st_mode)
 
@@ -63,5 +53,5 @@ def test_a_full_disk_while_building_the_feature_cache_is_one_line(recipe, tmp_pa
                               "\"No space left on device\" }) (os error 28)")
 
     monkeypatch.setattr(feature_cache, "save_file", no_room)
-    _one_line(capsys, ["prepare", str(recipe), "--features"], "cache", "no space left")
+    refused_in_one_line(capsys, ["prepare", str(recipe), "--features"], "cache", "no space left")
     assert not [p for p in (tmp_path / "cache").iterdir() if p.name.endswith(".tmp")]

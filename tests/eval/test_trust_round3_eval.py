@@ -9,21 +9,10 @@ import pytest
 import torch
 
 from draftsmith.cli import main as cli_main
+from tests.conftest import refused_in_one_line
 from tests.export.conftest import make_checkpoint
 
 NGRAM = ["eval", "--proposer", "ngram", "--target", "builtin:pycode-tiny", "--workloads", "pycode"]
-
-
-def _refused(capsys, argv: list[str], *needles: str) -> str:
-    """argv exits 2 with one stderr line that contains every needle."""
-    capsys.readouterr()
-    rc = cli_main(argv)
-    err = capsys.readouterr().err
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert rc == 2 and len(lines) == 1, err
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -58,22 +47,22 @@ def _eval(ckpt, prompts, out, *extra):
     (["--device", "not-a-device"], ["'not-a-device'", "not a torch device"]),
 ])
 def test_out_of_range_eval_flags_are_one_line(capsys, flags, needles):
-    _refused(capsys, NGRAM + flags, *needles)
+    refused_in_one_line(capsys, NGRAM + flags, *needles)
 
 
 def test_empty_workload_list_is_refused(capsys):
-    _refused(capsys, ["eval", "--proposer", "ngram", "--target", "builtin:pycode-tiny", "--workloads", ","],
+    refused_in_one_line(capsys, ["eval", "--proposer", "ngram", "--target", "builtin:pycode-tiny", "--workloads", ","],
              "--workloads ','", "names no workload")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_device_cuda_without_cuda_is_one_line(capsys):
-    _refused(capsys, NGRAM + ["--device", "cuda"], "'cuda'", "CUDA is not available")
+    refused_in_one_line(capsys, NGRAM + ["--device", "cuda"], "'cuda'", "CUDA is not available")
 
 
 def test_k_and_tree_are_bounded_by_the_targets_positions(ckpt, prompts, tmp_path, capsys):
-    _refused(capsys, _eval(ckpt, prompts, tmp_path / "r.json") + ["--k", "40"], "--k 40", "48 positions", "at most 32")
-    _refused(capsys, _eval(ckpt, prompts, tmp_path / "r.json") + ["--tree", "dynamic", "--verify-budget", "40"],
+    refused_in_one_line(capsys, _eval(ckpt, prompts, tmp_path / "r.json") + ["--k", "40"], "--k 40", "48 positions", "at most 32")
+    refused_in_one_line(capsys, _eval(ckpt, prompts, tmp_path / "r.json") + ["--tree", "dynamic", "--verify-budget", "40"],
              "--verify-budget 40", "48 positions")
     assert not (tmp_path / "r.json").exists()
 
@@ -86,7 +75,7 @@ def test_k_and_tree_are_bounded_by_the_targets_positions(ckpt, prompts, tmp_path
     (["leaderboard", "nowhere.json", "--k-max", "100000000"], ["--k-max 100000000", "at most 64"]),
 ])
 def test_k_max_is_bounded_before_anything_runs(capsys, argv, needles):
-    _refused(capsys, argv, *needles)
+    refused_in_one_line(capsys, argv, *needles)
 
 
 def test_eval_dtype_is_honoured_and_recorded(ckpt, prompts, tmp_path):
@@ -100,5 +89,5 @@ def test_eval_dtype_is_honoured_and_recorded(ckpt, prompts, tmp_path):
 def test_eval_out_inside_a_checkpoint_is_refused(ckpt, prompts, capsys):
     before = {p.name: p.read_bytes() for p in ckpt.iterdir() if p.is_file()}
     for out in (ckpt / "config.yaml", ckpt / "results.json", ckpt / "sub" / "r.json"):
-        _refused(capsys, _eval(ckpt, prompts, out), f"--out {out}", "inside the checkpoint")
+        refused_in_one_line(capsys, _eval(ckpt, prompts, out), f"--out {out}", "inside the checkpoint")
     assert {p.name: p.read_bytes() for p in ckpt.iterdir() if p.is_file()} == before

@@ -11,20 +11,9 @@ import pytest
 import torch
 
 from draftsmith import checkpoint
-from draftsmith.cli import main as cli_main
 from draftsmith.core.errors import UserError
+from tests.conftest import refused_in_one_line
 from tests.export.conftest import make_checkpoint
-
-
-def _one_line(capsys, argv, *needles) -> str:
-    capsys.readouterr()
-    rc = cli_main(argv)
-    err = capsys.readouterr().err
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert rc == 2 and len(lines) == 1, err
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -45,19 +34,19 @@ def _device_node(path):
 
 def test_eval_out_that_is_a_device_node_is_refused_and_kept(ckpt, tmp_path, capsys):
     _device_node(tmp_path / "x")
-    _one_line(capsys, _eval(ckpt, tmp_path / "x"), f"--out {tmp_path / 'x'}", "character device")
+    refused_in_one_line(capsys, _eval(ckpt, tmp_path / "x"), f"--out {tmp_path / 'x'}", "character device")
     assert stat.S_ISCHR(os.lstat(tmp_path / "x").st_mode)
 
 
 def test_eval_out_that_is_a_fifo_is_refused(ckpt, tmp_path, capsys):
     os.mkfifo(tmp_path / "f")
-    _one_line(capsys, _eval(ckpt, tmp_path / "f"), "--out", "FIFO")
+    refused_in_one_line(capsys, _eval(ckpt, tmp_path / "f"), "--out", "FIFO")
     assert stat.S_ISFIFO(os.lstat(tmp_path / "f").st_mode)
 
 
 def test_profile_out_that_is_a_device_node_is_refused(ckpt, tmp_path, capsys):
     _device_node(tmp_path / "p")
-    _one_line(capsys, ["profile", str(ckpt), "--workloads", "pycode", "--out", str(tmp_path / "p")],
+    refused_in_one_line(capsys, ["profile", str(ckpt), "--workloads", "pycode", "--out", str(tmp_path / "p")],
               "--out", "character device")
     assert stat.S_ISCHR(os.lstat(tmp_path / "p").st_mode)
 
@@ -74,7 +63,7 @@ def test_profile_out_that_is_a_device_node_is_refused(ckpt, tmp_path, capsys):
      ["--near-tie-steps inf", "finite"]),
 ])
 def test_sizes_and_flags_are_bounded_before_anything_loads(capsys, argv, needles):
-    _one_line(capsys, argv, *needles)
+    refused_in_one_line(capsys, argv, *needles)
 
 
 def _copy(ckpt, tmp_path):
@@ -89,11 +78,11 @@ def test_checkpoint_files_linked_to_dev_zero_or_fifos_are_one_line(ckpt, tmp_pat
     ck = _copy(ckpt, tmp_path)
     (ck / "drafter.json").unlink()
     (ck / "drafter.json").symlink_to("/dev/zero")
-    _one_line(capsys, _eval(ck, tmp_path / "r.json"), "drafter.json", "character device")
+    refused_in_one_line(capsys, _eval(ck, tmp_path / "r.json"), "drafter.json", "character device")
     ck2 = _copy(ckpt, tmp_path / "b")
     (ck2 / "config.yaml").unlink()
     os.mkfifo(ck2 / "config.yaml")
-    _one_line(capsys, _eval(ck2, tmp_path / "r.json"), "config.yaml", "FIFO")
+    refused_in_one_line(capsys, _eval(ck2, tmp_path / "r.json"), "config.yaml", "FIFO")
 
 
 @pytest.mark.parametrize("profile, needle", [
@@ -137,7 +126,7 @@ def test_a_jsonl_workload_row_that_is_not_an_object_is_one_line(ckpt, tmp_path, 
     rows.write_text('{"prompt": "hi"}\n[1, 2]\n')
     argv = ["eval", "--proposer", "ngram", "--target", "builtin:pycode-tiny", "--workloads", f"jsonl:{rows}",
             "--max-new-tokens", "4", "--warmup", "0", "--out", str(tmp_path / "r.json")]
-    _one_line(capsys, argv, f"jsonl:{rows}", "row 2 is a JSON list")
+    refused_in_one_line(capsys, argv, f"jsonl:{rows}", "row 2 is a JSON list")
 
 
 @pytest.mark.parametrize("extra, needles", [
@@ -146,4 +135,4 @@ def test_a_jsonl_workload_row_that_is_not_an_object_is_one_line(ckpt, tmp_path, 
     (["--engine-export", "exp", "--engine-threads", "2"], ["--engine-export and --engine-threads", "drop them"]),
 ])
 def test_engine_flags_without_engine_are_refused_not_ignored(capsys, extra, needles):
-    _one_line(capsys, ["eval", "--proposer", "ngram", "--target", "builtin:pycode-tiny", *extra], *needles)
+    refused_in_one_line(capsys, ["eval", "--proposer", "ngram", "--target", "builtin:pycode-tiny", *extra], *needles)

@@ -10,23 +10,13 @@ import os
 from result_files import make_result, workload, write
 
 from draftsmith.cli import main as cli_main
-
-
-def _one_line(capsys, argv, *needles) -> str:
-    capsys.readouterr()
-    rc = cli_main(argv)
-    err = capsys.readouterr().err
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert rc == 2 and len(lines) == 1, err
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
+from tests.conftest import refused_in_one_line
 
 
 def test_report_html_that_is_a_fifo_is_refused(tmp_path, capsys):
     result = write(tmp_path / "r.json", make_result())
     os.mkfifo(tmp_path / "page.html")
-    _one_line(capsys, ["report", str(result), "--html", str(tmp_path / "page.html")], "--html", "FIFO")
+    refused_in_one_line(capsys, ["report", str(result), "--html", str(tmp_path / "page.html")], "--html", "FIFO")
     assert os.path.exists(tmp_path / "page.html") and not (tmp_path / "page.html").is_file()
 
 
@@ -39,23 +29,23 @@ def test_report_on_a_full_disk_leaves_no_empty_page(tmp_path, capsys, monkeypatc
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", no_room)
-    _one_line(capsys, ["report", str(result)], "r.html", "no space left")
+    refused_in_one_line(capsys, ["report", str(result)], "r.html", "no space left")
     assert page.read_text() == "old page"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "r.json"]
 
 
 def test_a_result_linked_to_dev_zero_or_a_fifo_is_one_line(tmp_path, capsys):
     (tmp_path / "zero.json").symlink_to("/dev/zero")
-    _one_line(capsys, ["report", str(tmp_path / "zero.json"), "--no-html"], "zero.json", "character device")
+    refused_in_one_line(capsys, ["report", str(tmp_path / "zero.json"), "--no-html"], "zero.json", "character device")
     os.mkfifo(tmp_path / "fifo.json")
-    _one_line(capsys, ["report", str(tmp_path / "fifo.json"), "--no-html"], "fifo.json", "FIFO")
+    refused_in_one_line(capsys, ["report", str(tmp_path / "fifo.json"), "--no-html"], "fifo.json", "FIFO")
 
 
 def test_leaderboard_files_that_are_fifos_are_refused(tmp_path, capsys):
     result = write(tmp_path / "res" / "r.json", make_result())
     (tmp_path / "lb").mkdir()
     os.mkfifo(tmp_path / "lb" / "index.html")
-    _one_line(capsys, ["leaderboard", str(tmp_path / "res"), "--out", str(tmp_path / "lb")], "index.html", "FIFO")
+    refused_in_one_line(capsys, ["leaderboard", str(tmp_path / "res"), "--out", str(tmp_path / "lb")], "index.html", "FIFO")
     assert not (tmp_path / "lb" / "index.html").is_file()
     assert result.exists()
 
@@ -63,7 +53,7 @@ def test_leaderboard_files_that_are_fifos_are_refused(tmp_path, capsys):
 def test_leaderboard_profile_linked_to_dev_zero_is_one_line(tmp_path, capsys):
     write(tmp_path / "res" / "r.json", make_result())
     (tmp_path / "speedup_profile.json").symlink_to("/dev/zero")
-    _one_line(capsys, ["leaderboard", str(tmp_path / "res"), "--out", str(tmp_path / "lb"),
+    refused_in_one_line(capsys, ["leaderboard", str(tmp_path / "res"), "--out", str(tmp_path / "lb"),
                        "--profile", str(tmp_path / "speedup_profile.json")], "speedup_profile.json", "character device")
 
 
@@ -72,7 +62,7 @@ def test_a_tau_of_10_to_the_400_is_one_line(tmp_path, capsys):
     text = json.dumps(data).replace('"pooled": 2.0', '"pooled": 1' + "0" * 400)
     assert "0" * 400 in text
     (tmp_path / "r.json").write_text(text)
-    _one_line(capsys, ["report", str(tmp_path / "r.json"), "--no-html"], "acceptance_length.pooled", "401 digits")
+    refused_in_one_line(capsys, ["report", str(tmp_path / "r.json"), "--no-html"], "acceptance_length.pooled", "401 digits")
 
 
 def test_3001_workloads_or_a_5mb_name_are_refused_quickly(tmp_path, capsys):
@@ -83,8 +73,8 @@ def test_3001_workloads_or_a_5mb_name_are_refused_quickly(tmp_path, capsys):
     named = make_result(drafter="d" * (5 << 20))
     write(tmp_path / "named.json", named)
     start = time.monotonic()
-    _one_line(capsys, ["report", str(tmp_path / "many.json"), "--no-html"], "many.json", "3,001 workloads")
-    _one_line(capsys, ["report", str(tmp_path / "named.json"), "--no-html"], "named.json", "drafter.name",
+    refused_in_one_line(capsys, ["report", str(tmp_path / "many.json"), "--no-html"], "many.json", "3,001 workloads")
+    refused_in_one_line(capsys, ["report", str(tmp_path / "named.json"), "--no-html"], "named.json", "drafter.name",
               "5,242,880 characters")
     capsys.readouterr()
     assert cli_main(["leaderboard", str(tmp_path / "many.json"), str(tmp_path / "named.json"),
