@@ -11,7 +11,7 @@ T(k + 1), so the best any drafter can do at draft length k is
 tau * T(1) / (T(k + 1) + drafting), always below that.
 
     python benchmarks/bench_verify_bounds.py --target installed:smollm2-135m-instruct \
-        --engines llama.cpp,transformers --context 200 --out benchmarks/results/verify-bounds-smollm2.json
+        --engines llama.cpp,transformers --context 200 --out benchmarks/results/verify-bounds/smollm2.json
 
 llama.cpp: `llama-bench -p W -n 0 -d CONTEXT` (prompt processing of W tokens after CONTEXT cached
 tokens; llama-bench sits beside llama-server in the install script's build). transformers: the
