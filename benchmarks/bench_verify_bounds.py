@@ -129,10 +129,16 @@ def main(argv=None) -> int:
             bound = f"{row['bound_at_k']:.2f}x" if row["bound_at_k"] else "-"
             print(f"  {w}  {row['median_ms']:9.2f} {row['min_ms']:8.2f} {row['max_ms']:8.2f} "
                   f"{row['over_one_token']:10.2f}  {bound:>12}")
-    print(f"cpu: {result['cpu']['model']}, {result['cpu']['cpus']} cpus, {' '.join(result['cpu']['simd_flags'])}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return finish(result, args.out)
+
+
+def finish(result: dict, out: Path | None) -> int:
+    """Print the CPU the numbers were measured on and write the result JSON (when --out is given)."""
+    cpu = result["cpu"]
+    print(f"cpu: {cpu['model']}, {cpu['cpus']} cpus, {' '.join(cpu['simd_flags'])}")
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
 

@@ -88,6 +88,9 @@ class FeaturesConfig:
     shard_rows: int = 256
     # Rows per target forward while building the cache (memory vs speed; results are per row).
     build_batch_size: int = 8
+    # Run the target in this dtype while building the cache (null: target.dtype). bfloat16 halves the
+    # build on a CPU with avx512_bf16 or AMX; the cache keeps the fingerprint of the target as loaded.
+    build_dtype: Optional[Literal["bfloat16", "float16", "float32"]] = None
 
 
 @dataclass

@@ -14,8 +14,11 @@
 # take the sdist's build dependencies (scikit-build-core, for its metadata step) only as wheels; the
 # former `--no-binary :all:` built them from source too (issue 34: 1,495 s on a fresh shared machine).
 # (`--no-build-isolation` does not skip the metadata step: it fails where scikit-build-core is absent.)
-# Only the `llama-server` target is built (its libraries: ggml, llama, common, mtmd); no tests,
-# examples or other tools (llama-bench is not built: nothing in draftsmith runs it).
+# Only the `llama-server`, `llama-quantize` and `llama-bench` targets are built (their libraries: ggml,
+# llama, common, mtmd); no tests, examples or other tools. llama-quantize writes the Q4_0 drafts of
+# `export --to llama.cpp --gguf-type q4_0`; llama-bench times the verification widths of
+# benchmarks/bench_verify_bounds.py. On a cache whose server was built first the two are built alone
+# (measured for llama-quantize: one source file and a link, about 4 s of CPU).
 #
 # Measured on this project's kind of machine (2 cores, -j2, the cores shared with other work):
 # sdist download 8.6 s (76.6 MB, pip's cache off; the former command 7.2 s here, where its build
@@ -29,11 +32,18 @@ GGUF_VERSION="${GGUF_VERSION:-0.19.0}"   # must match vendor/llama.cpp/gguf-py/p
 CACHE="${DRAFTSMITH_LLAMA_CPP_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/draftsmith/llama.cpp-${VERSION}}"
 JOBS="${LLAMA_CPP_JOBS:-2}"
 SERVER="$CACHE/build/bin/llama-server"
+QUANTIZE="$CACHE/build/bin/llama-quantize"   # `draftsmith export --to llama.cpp --gguf-type q4_0`
+BENCH="$CACHE/build/bin/llama-bench"         # benchmarks/bench_verify_bounds.py
 PYTHON="${PYTHON:-python3}"
 
 log() { echo "[install_llama_cpp] $*" >&2; }
 
 if [ -x "$SERVER" ] && [ -f "$CACHE/src/convert_hf_to_gguf.py" ] && [ -f "$CACHE/.done" ]; then
+  if [ ! -x "$QUANTIZE" ] || [ ! -x "$BENCH" ]; then   # a cache built before these tools were added
+    log "building llama-quantize and llama-bench in $CACHE/build (the server is already built)"
+    cmake --build "$CACHE/build" --target llama-quantize llama-bench -j"$JOBS" >> "$CACHE/build.log" 2>&1 \
+      || { tail -30 "$CACHE/build.log" >&2; exit 1; }
+  fi
   log "already built in $CACHE"
   echo "$SERVER"
   exit 0
@@ -72,7 +82,7 @@ cmake -S "$CACHE/src" -B "$CACHE/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=
   -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_HIP=OFF -DGGML_SYCL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF \
   > "$CACHE/build.log" 2>&1 || { tail -30 "$CACHE/build.log" >&2; exit 1; }
-cmake --build "$CACHE/build" --target llama-server -j"$JOBS" >> "$CACHE/build.log" 2>&1 \
+cmake --build "$CACHE/build" --target llama-server llama-quantize llama-bench -j"$JOBS" >> "$CACHE/build.log" 2>&1 \
   || { tail -30 "$CACHE/build.log" >&2; exit 1; }
 t1=$(date +%s)
 echo "BUILD_SECONDS $((t1 - t0)) (jobs $JOBS, total with download $((t1 - start)))" >> "$CACHE/build.log"

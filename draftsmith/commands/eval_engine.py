@@ -9,6 +9,7 @@ identity and config are built by eval_results.py, as for `draftsmith eval`.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import tempfile
@@ -19,30 +20,45 @@ import torch
 from draftsmith.commands.eval_options import EvalOptions
 from draftsmith.commands.eval_results import checkpoint_identity, command_line, results_config, write_results
 from draftsmith.eval import proposers, results, workloads
-from draftsmith.eval.engine import TOLERANCE, compare_workload, draftsmith_side, engine_request
+from draftsmith.eval.engine import TOLERANCE, compare_setups, compare_workload, draftsmith_side, engine_request
 from draftsmith.export.llamacpp import engine_drafter_options, gguf_problems
 from draftsmith.report.parity import parity_lines
 
 
-def engine_side(tools, files: dict, prompts: list, k: int, max_new_tokens: int, threads: int) -> tuple[list, list]:
-    """Both llama-servers up at once, requests interleaved -> (speculative replies, target-only replies)."""
+def engine_side(tools, files: dict, prompts: list, k: int, max_new_tokens: int, threads: int,
+                setups: list[dict] = ()) -> tuple[list, list, dict]:
+    """All llama-servers up at once, requests interleaved (the order rotates per prompt) ->
+    (speculative replies, target-only replies, {--engine-compare name: replies})."""
     from draftsmith.export.llamacpp_tools import LlamaServer
 
     ids = [p.reshape(-1).tolist() for p in prompts]
     bound = 2 * len(ids) + 2  # every prompt once per server, plus one warm-up each
-    spec_srv = LlamaServer(tools, Path(files["target"]), draft=Path(files["draft"]), spec_type=files["spec_type"], k=k,
-                           threads=threads, max_requests=bound)
-    base_srv = LlamaServer(tools, Path(files["target"]), threads=threads, max_requests=bound)
-    spec, base = [], []
-    with spec_srv, base_srv:
-        spec_srv.complete(ids[0], max_new_tokens)  # warm-up, untimed
-        base_srv.complete(ids[0], max_new_tokens)
+    target, draft = Path(files["target"]), Path(files["draft"])
+    servers = {"spec": LlamaServer(tools, target, draft=draft, spec_type=files["spec_type"], k=k, threads=threads,
+                                   max_requests=bound),
+               "base": LlamaServer(tools, target, threads=threads, max_requests=bound)}
+    for s in setups:
+        servers[s["name"]] = LlamaServer(tools, target, draft=draft if s["draft"] else None, spec_type=s["spec_type"],
+                                         k=k, threads=threads, max_requests=bound)
+    replies = serve_interleaved(servers, ids, max_new_tokens)
+    spec, base = replies.pop("spec"), replies.pop("base")
+    return spec, base, replies
+
+
+def serve_interleaved(servers: dict, ids: list[list[int]], max_new_tokens: int) -> dict[str, list[dict]]:
+    """Start every LlamaServer, warm each up with the first prompt (untimed), then send each prompt to every
+    server, the order rotating per prompt (no server always goes first) -> {name: engine_request dicts}."""
+    replies = {name: [] for name in servers}
+    with contextlib.ExitStack() as stack:
+        for srv in servers.values():
+            stack.enter_context(srv)
+        for srv in servers.values():
+            srv.complete(ids[0], max_new_tokens)
+        names = list(servers)
         for i, prompt in enumerate(ids):
-            order = (spec_srv, base_srv) if i % 2 else (base_srv, spec_srv)
-            for srv in order:
-                reply = engine_request(srv.complete(prompt, max_new_tokens), len(prompt))
-                (spec if srv is spec_srv else base).append(reply)
-    return spec, base
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                replies[name].append(engine_request(servers[name].complete(prompt, max_new_tokens), len(prompt)))
+    return replies
 
 
 def apply_engine_rules(drafter) -> dict:
@@ -122,6 +138,7 @@ def run(args: EvalOptions) -> int:
     if why:
         raise UserError(why.replace("--to llama.cpp", "--engine llama.cpp"))
     check_k(loaded.drafter, args.k)
+    compare_setups(args.engine_compare, "draft")  # a bad --engine-compare fails here, before any decoding
     tools = find_llama_cpp()
     target, drafter = loaded.target, loaded.drafter
     applied = apply_engine_rules(drafter)
@@ -141,7 +158,8 @@ def run(args: EvalOptions) -> int:
     config["engine"] = {"name": "llama.cpp", "version": tools.version(), "server": str(tools.server),
                         "spec_type": files["spec_type"], "threads": args.engine_threads,
                         "draft_gguf": files["draft"], "target_gguf": files["target"],
-                        "gguf_problems": problems, "draftsmith_drafter_options": applied}
+                        "gguf_problems": problems, "draftsmith_drafter_options": applied,
+                        "compare": compare_setups(args.engine_compare, files["spec_type"])}
     identity = checkpoint_identity(loaded, args.path)
     out = results.build(command_line("draftsmith eval --engine llama.cpp (function call)"), config, target.identity(),
                         identity, target.device, per_workload, True)
@@ -180,8 +198,9 @@ def compare_on_workload(args: EvalOptions, tools, files: dict, target, proposer,
     print(f"[eval --engine llama.cpp] {name}: {len(prompts)} prompts, k={args.k}, "
           f"{args.max_new_tokens} tokens each (greedy, EOS ignored) ...", flush=True)
     ds_requests, ds_base = draftsmith_side(target, proposer, prompts, args.k, args.max_new_tokens)
-    spec, base = engine_side(tools, files, prompts, args.k, args.max_new_tokens, args.engine_threads)
-    section, aggregate = compare_workload(ds_requests, ds_base, spec, base, args.k, problems)
+    setups = compare_setups(args.engine_compare, files["spec_type"])
+    spec, base, others = engine_side(tools, files, prompts, args.k, args.max_new_tokens, args.engine_threads, setups)
+    section, aggregate = compare_workload(ds_requests, ds_base, spec, base, args.k, problems, others)
     mismatches = []
     for item, r, (_, truncated) in zip(items, ds_requests, encoded):
         r.pop("_costs", None)

@@ -99,6 +99,11 @@ class EvalOptions:
     target_gguf: Optional[str] = flag(None, help="--engine: the target's GGUF (default: converted by the export)")
     engine_threads: int = flag(1, help="--engine: threads of each llama-server (1: ggml's spinning threads lose badly "
                                        "on a busy 2-core machine)")
+    engine_compare: str = flag("", metavar="TYPES",
+                               help="--engine: also serve llama.cpp's own proposers on the same prompts, each against "
+                                    "the same target-only server: comma-separated --spec-type values (ngram-simple, "
+                                    "ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache), `draft+T` for the drafter "
+                                    "chained with T (llama.cpp tries T first), or `ngram` for all five and their chains")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EvalOptions":
@@ -141,7 +146,8 @@ def check_args(args: EvalOptions) -> None:
                 (args.dtype is not None and args.dtype not in DTYPES,
                  f"--dtype {args.dtype!r}: choose one of {', '.join(DTYPES)}")]
     engine_only = [name for name, given in (("--engine-export", args.engine_export), ("--target-gguf", args.target_gguf),
-                                            ("--engine-threads", args.engine_threads != 1)) if given]
+                                            ("--engine-threads", args.engine_threads != 1),
+                                            ("--engine-compare", args.engine_compare)) if given]
     problems.append((bool(engine_only) and not args.engine,
                      f"{' and '.join(engine_only)} set up the engine run: add --engine llama.cpp, or drop "
                      f"{'them' if len(engine_only) > 1 else 'it'}"))

@@ -5,13 +5,14 @@ serving command.
     draftsmith export runs/eagle3-llama3.1-8b/final --to sglang --out exported/sglang
     draftsmith export runs/eagle3-llama3.1-8b/final --to trtllm --out exported/trtllm
     draftsmith export runs/draft-lm/final --to hf --out exported/draft
-    draftsmith export runs/eagle3-stories260k/final --to llama.cpp --out exported/llamacpp [--target-gguf F]
+    draftsmith export runs/eagle3-stories260k/final --to llama.cpp --out exported/llamacpp [--target-gguf F] [--gguf-type q8_0]
 """
 from __future__ import annotations
 
 import sys
 
 from draftsmith.export.common import DTYPES, ExportOptions, ExportValidationError
+from draftsmith.export.llamacpp_tools import GGUF_TYPES
 
 
 def add_arguments(parser) -> None:
@@ -40,6 +41,9 @@ def add_arguments(parser) -> None:
                         help="replace a previous draftsmith export in --out (only the files an export writes)")
     parser.add_argument("--target-gguf", default=None,
                         help="llama.cpp: the target's existing GGUF (default: convert the target into --out)")
+    parser.add_argument("--gguf-type", default=None, choices=list(GGUF_TYPES),
+                        help="llama.cpp: the draft GGUF's tensor type (default f32; q8_0 by llama.cpp's converter, "
+                             "q4_0 by its llama-quantize)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="run the target's custom modelling code (never enabled by a checkpoint's config.yaml)")
 
@@ -51,7 +55,8 @@ def main(args) -> int:
     opts = ExportOptions(dtype=args.dtype, num_speculative_tokens=args.num_speculative_tokens, verifier=args.verifier,
                          max_model_len=args.max_model_len, engine_version=args.engine_version,
                          adaptive_verification=not args.no_adaptive_verification,
-                         dspark_draft_topk=args.dspark_draft_topk, target_gguf=args.target_gguf)
+                         dspark_draft_topk=args.dspark_draft_topk, target_gguf=args.target_gguf,
+                         gguf_type=args.gguf_type)
     try:
         result = export(args.checkpoint, args.to, args.out, opts, validate=not args.no_validate,
                         overwrite=args.overwrite, trust_remote_code=args.trust_remote_code)

@@ -70,6 +70,10 @@ def run_features(cfg, target=None, layers=None, required=None, log=print) -> dic
     if not cfg.features.cache_dir:
         raise UserError("--features needs features.cache_dir: set it in the recipe or pass features.cache_dir=DIR")
     target = target or target_mod.from_config(cfg.target)
+    if cfg.features.build_dtype:
+        from draftsmith.checkpoint import run_in_dtype
+
+        run_in_dtype(target, cfg.features.build_dtype)  # fingerprinted as loaded, then cast
     train, heldout, report = ds.build_dataset(ds.training_data_config(cfg), target.tokenizer)
     log(report.summary())
     full = ds.TokenDataset(train.input_ids + heldout.input_ids, train.loss_mask + heldout.loss_mask,

@@ -114,19 +114,22 @@ def _expected(target, dataset, layers, dtype, shard_rows, features) -> dict:
 
 
 def _shard_tensors(target, dataset, start: int, end: int, layers, dtype, features, batch_size: int) -> dict:
-    """Forward rows [start, end) in right-padded micro-batches; keep each row's own length."""
+    """Forward rows [start, end) in right-padded micro-batches of similar length (little padding);
+    keep each row's own length."""
     out: dict[str, torch.Tensor] = {}
     pad = target.tokenizer.pad_token_id or 0
-    for lo in range(start, end, batch_size):
-        items = [dataset[i] for i in range(lo, min(end, lo + batch_size))]
+    order = sorted(range(start, end), key=lambda i: len(dataset[i]["input_ids"]))
+    for lo in range(0, len(order), batch_size):
+        rows = order[lo:lo + batch_size]
+        items = [dataset[i] for i in rows]
         batch = collate(items, pad)
-        check = lo == start and "last_hidden_state" in features  # once per shard: the soft labels' path
+        check = lo == 0 and "last_hidden_state" in features  # once per shard: the soft labels' path
         f = feats_mod.compute(target, batch["input_ids"].to(target.device), batch["attention_mask"].to(target.device),
                               set(features) | ({"target_logits"} if check else set()), list(layers))
         if check:
             feats_mod.check_logits_path(target, f["last_hidden_state"], f["target_logits"], batch["attention_mask"])
-        for b, item in enumerate(items):
-            row, n = lo + b, len(item["input_ids"])
+        for row, (b, item) in zip(rows, enumerate(items)):
+            n = len(item["input_ids"])
             out[f"{row}/input_ids"] = item["input_ids"].to(torch.int32)
             out[f"{row}/loss_mask"] = item["loss_mask"].to(torch.uint8)
             for name in features:
@@ -171,7 +174,8 @@ def build(target, dataset, cache_dir: str, layers: list[int], dtype: str = "bflo
         _write_shard(root, name, tensors, {"start": str(start), "end": str(end)})
         tokens = sum(len(dataset[i]["input_ids"]) for i in range(start, end))
         loss = sum(int(dataset[i]["loss_mask"].sum()) for i in range(start, end))
-        manifest["shards"].append({"file": name, "start": start, "end": end, "tokens": tokens, "loss_tokens": loss})
+        manifest["shards"].append({"file": name, "start": start, "end": end, "tokens": tokens, "loss_tokens": loss,
+                                   "build_dtype": str(target.dtype).replace("torch.", "")})
         manifest["shards"].sort(key=lambda s: s["start"])
         manifest["tokens"] = sum(s["tokens"] for s in manifest["shards"])
         manifest["loss_tokens"] = sum(s["loss_tokens"] for s in manifest["shards"])

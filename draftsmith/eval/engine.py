@@ -16,6 +16,10 @@ Per workload:
        rounds = tokens_predicted - 1 - draft_n_accepted,   tau = (tokens_predicted - 1) / rounds
      (tools/server/server-context.cpp: each decode step drafts at most min(k, remaining - 1) tokens and
      adds accepted + 1 to n_decoded; timings.draft_n_accepted sums the accepted drafts).
+  3b. --engine-compare: llama.cpp's own proposers (the ngram spec types, llama.cpp's defaults) and the
+     drafter chained with one (`--spec-type draft-eagle3,ngram-mod`: common/speculative.cpp tries the
+     ngram types first and the drafter when they find nothing), each its own server in the same
+     interleaving, each against the same target-only server: decode speedup, equal outputs, tau.
   4. Verdict: engine tau within TOLERANCE of draftsmith's tau -> "agree"; otherwise "disagree" with the
      likely causes, narrowed by what was checked (same prompt length, same target-only output, the
      draft GGUF's metadata against the drafter's options).
@@ -28,6 +32,8 @@ import statistics
 from draftsmith.core.errors import UserError
 
 TOLERANCE = 0.05  # |engine tau / draftsmith tau - 1| within this: agree (the issue's 5 %)
+# llama.cpp's draftless proposers (--spec-type values of the llama-cpp-python 0.3.36 build, common/arg.cpp)
+NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 
 CAUSES_TARGET = ("prompt format or tokenization (the engine counted a different prompt length)",
                  "the engine's target decodes differently (GGUF conversion of the target, its rope or norms, "
@@ -40,6 +46,38 @@ CAUSES_DRAFTER = ("aux ids (the draft GGUF's extract_layers against drafter.aux_
 
 
 # ---------------------------------------------------------------- engine accounting (unit-tested)
+
+def compare_setups(text: str, draft_spec_type: str) -> list[dict]:
+    """--engine-compare "ngram-mod,draft+ngram-mod" -> [{"name", "spec_type" (llama-server's value),
+    "draft" (serve the drafter too)}], in the order given; `ngram` stands for every type alone and chained."""
+    setups: list[dict] = []
+    for item in [t.strip() for t in text.split(",") if t.strip()]:
+        names = [n for t in NGRAM_TYPES for n in (t, f"draft+{t}")] if item == "ngram" else [item]
+        for name in names:
+            ngram = name.removeprefix("draft+")
+            if ngram not in NGRAM_TYPES:
+                raise UserError(f"--engine-compare {item!r}: {ngram!r} is not one of llama.cpp's draftless spec types "
+                                f"({', '.join(NGRAM_TYPES)}); chain the drafter with one as draft+TYPE, or give ngram")
+            draft = name.startswith("draft+")
+            if all(s["name"] != name for s in setups):
+                setups.append({"name": name, "spec_type": f"{draft_spec_type},{ngram}" if draft else ngram,
+                               "draft": draft})
+    return setups
+
+
+def speedups(spec: list[dict], base: list[dict]) -> list[float]:
+    """Per prompt: decode tokens/s with the proposer over tokens/s of the same prompt without."""
+    return [s["decode_tokens_per_s"] / b["decode_tokens_per_s"] for s, b in zip(spec, base)
+            if b["decode_tokens_per_s"] and b["decode_tokens_per_s"] == b["decode_tokens_per_s"]]
+
+
+def compare_section(replies: list[dict], base: list[dict]) -> dict:
+    """One --engine-compare server's numbers against the target-only server on the same prompts."""
+    return {**pool(replies), "decode_tokens_per_s": spread([r["decode_tokens_per_s"] for r in replies]),
+            "decode_speedup": spread(speedups(replies, base)),
+            "output_equals_target_only": sum(r["tokens"] == b["tokens"] for r, b in zip(replies, base)),
+            "num_requests": len(replies)}
+
 
 def engine_request(reply: dict, prompt_len: int) -> dict:
     """One llama-server /completion reply -> draftsmith's counts (see step 3 of the module doc)."""
@@ -121,7 +159,7 @@ def draftsmith_side(target, proposer, prompts: list, k: int, max_new_tokens: int
 
 
 def compare_workload(ds_requests: list[dict], ds_base: list[list[int]], spec: list[dict], base: list[dict],
-                     k: int, problems: list[str]) -> tuple[dict, dict]:
+                     k: int, problems: list[str], others: dict | None = None) -> tuple[dict, dict]:
     """(the workload's `engine` section of the results JSON, draftsmith's aggregate)."""
     from draftsmith.eval import metrics
 
@@ -131,15 +169,13 @@ def compare_workload(ds_requests: list[dict], ds_base: list[list[int]], spec: li
     equal = [s["tokens"] == b["tokens"] for s, b in zip(spec, base)]
     agree_target = [b["tokens"] == t for b, t in zip(base, ds_base)]
     lengths = all(r["prompt_tokens"] == r["prompt_tokens_sent"] for r in spec + base)
-    speedups = [s["decode_tokens_per_s"] / b["decode_tokens_per_s"] for s, b in zip(spec, base)
-                if b["decode_tokens_per_s"] and b["decode_tokens_per_s"] == b["decode_tokens_per_s"]]
     out = {
         "name": "llama.cpp", **eng,
         "draftsmith_acceptance_length": ds_tau, "draftsmith_acceptance_rate": ds["acceptance_rate"],
         "draftsmith_per_position_acceptance": ds["per_position_acceptance"],
         "decode_tokens_per_s": spread([s["decode_tokens_per_s"] for s in spec]),
         "target_decode_tokens_per_s": spread([b["decode_tokens_per_s"] for b in base]),
-        "decode_speedup": spread(speedups),
+        "decode_speedup": spread(speedups(spec, base)),
         "output_equals_target_only": sum(equal), "num_requests": len(spec),
         "target_only_equals_draftsmith": sum(agree_target), "prompt_lengths_match": lengths,
         "requests": [{"acceptance_length": s["acceptance_length"], "accepted": s["accepted"], "proposed": s["proposed"],
@@ -148,4 +184,6 @@ def compare_workload(ds_requests: list[dict], ds_base: list[list[int]], spec: li
                      for s, e, d in zip(spec, equal, ds_requests)],
     }
     out.update(verdict(ds_tau, eng["acceptance_length"], lengths, all(agree_target), problems))
+    if others:
+        out["compare"] = {name: compare_section(replies, base) for name, replies in others.items()}
     return out, ds

@@ -52,6 +52,9 @@ class ExportOptions:
     dspark_draft_topk: int | None = None
     # llama.cpp only: the target's existing GGUF (--target-gguf); None: the export converts the target
     target_gguf: str | None = None
+    # llama.cpp only: the draft GGUF's tensor type (--gguf-type): f32 / f16 / bf16 / q8_0 are written by llama.cpp's
+    # converter, q4_0 by its llama-quantize from the f32 file; None: f32
+    gguf_type: str | None = None
 
 
 @dataclass

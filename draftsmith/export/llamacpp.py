@@ -194,29 +194,37 @@ class LlamaCppLayout(Layout):
         given = served_target(loaded, given)
         needs_dir = self.reads_target_features or given is None  # the converter reads the HF target directory
         target_dir = target_dir_of(loaded) if needs_dir else given.parent
+        if target_dir is None:  # a GGUF target: its config and tokenizer are written for the converter at build
+            return Plan(tools, k, given, None, given)
         return Plan(tools, k, given, target_dir, given or out_dir / target_file_name(target_dir))
 
     def build(self, loaded, opts: ExportOptions, out_dir: Path, checkpoint=None) -> ExportFiles:
         p = self.plan(loaded, opts, out_dir)
 
         def write(tmp: Path) -> None:
-            from draftsmith.export.llamacpp_tools import convert
+            from draftsmith.export.llamacpp_tools import convert, write_draft
 
             with tempfile.TemporaryDirectory(prefix="draftsmith-llamacpp-") as work:
                 hf_dir = Path(work) / "hf"  # the directory llama.cpp's converter reads
                 self.write_source(loaded, hf_dir, p.k)
-                convert(p.tools, hf_dir, tmp / self.draft_file,
-                        target_dir=p.target_dir if self.reads_target_features else None)
+                target_dir = p.target_dir or write_gguf_target_dir(loaded, Path(work) / "target")
+                write_draft(p.tools, hf_dir, tmp / self.draft_file, opts.gguf_type,
+                            target_dir=target_dir if self.reads_target_features else None)
             if p.given_target is None:
                 convert(p.tools, p.target_dir, tmp / p.target_path.name)
             self.finish(tmp / self.draft_file, p.given_target or tmp / p.target_path.name)
+            if p.target_dir is None:  # the tokenizer transformers rebuilt from the GGUF: take the file's own
+                from draftsmith.export.llamacpp_vocab import adopt_vocabulary
+
+                adopt_vocabulary(tmp / self.draft_file, p.given_target)
 
         sidecar = {
             "format": FORMAT, "engine": "llama.cpp", "llama_cpp": {"sdist": "llama-cpp-python==0.3.36",
                                                                    "server_version": p.tools.version()},
             "drafter_kind": self.kind, "spec_type": self.spec_type, "num_speculative_tokens": p.k,
-            "draft": self.draft_file, "target": p.target_path.name if p.given_target is None else str(p.given_target),
-            "target_converted_by_draftsmith": p.given_target is None, "target_dir": str(p.target_dir),
+            "draft": self.draft_file, "draft_gguf_type": opts.gguf_type or "f32",
+            "target": p.target_path.name if p.given_target is None else str(p.given_target),
+            "target_converted_by_draftsmith": p.given_target is None, "target_dir": str(p.target_dir or GGUF_TARGET_DIR),
             "aux_layer_ids": list(getattr(loaded.drafter, "aux_layer_ids", []) or []),
             "recipe": config_mod.to_dict(loaded.config),  # the drafter options `draftsmith doctor` checks k against
             "serve_command": None, "check": None,
@@ -236,7 +244,7 @@ class LlamaCppExporter(Exporter):
 
     name = FORMAT
     engine = "llama.cpp"
-    own_options = frozenset({"target_gguf"})
+    own_options = frozenset({"target_gguf", "gguf_type"})
     checked_in_process = False  # llama-server checks it (tests/export/test_llamacpp_roundtrip.py)
     copies_profile = False  # the serve command carries k (--spec-draft-n-max); no profile is copied
 
@@ -344,16 +352,33 @@ def write_format_dir(fmt: str, loaded, directory: Path, k: int) -> None:
     exporter.validate(directory, loaded, opts, files)
 
 
-def target_dir_of(loaded) -> Path:
-    """The target's local HF directory (config.json + tokenizer): the converter reads it."""
+GGUF_TARGET_DIR = "(a GGUF target: its config.json and tokenizer as transformers read them, written for the converter)"
+
+
+def target_dir_of(loaded) -> Path | None:
+    """The target's local HF directory (config.json + tokenizer): the converter reads it. None for a GGUF
+    target (write_gguf_target_dir writes what the converter reads from the loaded target)."""
     from draftsmith.targets.load import resolve_path
 
+    if getattr(loaded.target, "gguf_file", None):
+        return None
     path = Path(resolve_path(loaded.config.target.path))
     if not (path / "config.json").is_file():
         raise UserError(f"--to llama.cpp needs the target as a local directory (config.json, tokenizer, safetensors); "
                         f"target.path {loaded.config.target.path!r} is not one: download it and pass that directory "
                         "with a recipe override, or eval/export from a checkpoint whose recipe names a directory")
     return path.resolve()
+
+
+def write_gguf_target_dir(loaded, directory: Path) -> Path:
+    """What llama.cpp's converter reads from --target-model-dir (EAGLE-3: config.json's vocab_size,
+    num_hidden_layers and hidden_size; the tokenizer), for a target loaded from a GGUF file: its config and
+    tokenizer as transformers rebuilt them. The draft then takes the GGUF's own tokenizer metadata
+    (adopt_vocabulary), so llama.cpp sees the target's exact vocabulary."""
+    directory.mkdir(parents=True, exist_ok=True)
+    loaded.target.config.to_json_file(str(directory / "config.json"))
+    loaded.target.tokenizer.save_pretrained(str(directory))
+    return directory
 
 
 def served_target(loaded, given: Path | None) -> Path | None:

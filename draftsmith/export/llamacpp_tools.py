@@ -41,6 +41,12 @@ REQUEST_TIMEOUT_S = 300.0  # one completion of at most a few hundred tokens on a
 MAX_REPLY_BYTES = 16 << 20  # a /completion reply of a few hundred token ids is a few KiB
 
 
+# --gguf-type of a draft: the converter's own --outtype values, and what llama-quantize writes from the f32 file
+CONVERTER_TYPES = ("f32", "f16", "bf16", "q8_0")
+QUANTIZE_TYPES = {"q4_0": "Q4_0"}
+GGUF_TYPES = CONVERTER_TYPES + tuple(QUANTIZE_TYPES)
+
+
 class LlamaCppMissing(FileNotFoundError):
     """llama-server or the converter is not installed (the message gives the install command)."""
 
@@ -53,6 +59,11 @@ class LlamaCppError(OSError):
 class LlamaCppTools:
     server: Path  # llama-server
     converter: Path  # convert_hf_to_gguf.py (its directory holds conversion/ and gguf-py/)
+
+    @property
+    def quantize(self) -> Path:
+        """llama-quantize, built next to llama-server by the install script."""
+        return self.server.parent / "llama-quantize"
 
     def version(self) -> str:
         out = subprocess.run([str(self.server), "--version"], capture_output=True, text=True, timeout=30)
@@ -100,6 +111,31 @@ def convert(tools: LlamaCppTools, model_dir: Path, outfile: Path, outtype: str =
         if "ModuleNotFoundError" in tail:  # the converter's Python packages are missing from this Python
             tail += f" | install what the converter needs into {sys.executable}: pip install 'draftsmith[llamacpp]'"
         raise LlamaCppError(f"llama.cpp's convert_hf_to_gguf.py failed on {model_dir}: {tail}")
+    return outfile
+
+
+def write_draft(tools: LlamaCppTools, model_dir: Path, outfile: Path, gguf_type: str | None,
+                target_dir: Path | None = None) -> Path:
+    """The draft GGUF in `gguf_type` (None: f32): the converter writes the float and q8_0 types itself;
+    q4_0 is llama-quantize's output from the converter's f32 file."""
+    gguf_type = gguf_type or "f32"
+    if gguf_type in CONVERTER_TYPES:
+        return convert(tools, model_dir, outfile, outtype=gguf_type, target_dir=target_dir)
+    if gguf_type not in QUANTIZE_TYPES:
+        raise ValueError(f"--gguf-type {gguf_type!r}: choose one of {', '.join(GGUF_TYPES)}")
+    if not tools.quantize.is_file():
+        raise LlamaCppMissing(f"llama-quantize not found at {tools.quantize} (--gguf-type {gguf_type}): build it with "
+                              f"`{INSTALL_COMMAND}`")
+    f32 = outfile.with_name(outfile.stem + ".f32.gguf")
+    convert(tools, model_dir, f32, outtype="f32", target_dir=target_dir)
+    try:
+        done = subprocess.run([str(tools.quantize), str(f32), str(outfile), QUANTIZE_TYPES[gguf_type]],
+                              capture_output=True, text=True, timeout=600)
+    finally:
+        f32.unlink(missing_ok=True)
+    if done.returncode != 0 or not outfile.is_file():
+        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+        raise LlamaCppError(f"llama-quantize {QUANTIZE_TYPES[gguf_type]} failed on {f32.name}: {tail}")
     return outfile
 
 
@@ -153,8 +189,9 @@ def free_port() -> int:
 class LlamaServer:
     """llama-server on 127.0.0.1:<free port> for the `with` block; stopped on exit, errors and SIGINT.
 
-    draft + spec_type (draft-eagle3 | draft-simple | ...) + k (--spec-draft-n-max) serve speculatively;
-    draft=None serves the target alone. max_requests bounds what one server answers."""
+    draft + spec_type (draft-eagle3 | draft-simple | ..., or a chain such as draft-eagle3,ngram-mod) + k
+    (--spec-draft-n-max) serve speculatively; draft=None with spec_type (ngram-mod, ...) serves a draftless
+    proposer; draft=None and spec_type=None serve the target alone. max_requests bounds what one server answers."""
 
     def __init__(self, tools: LlamaCppTools, model: Path, draft: Path | None = None, spec_type: str | None = None,
                  k: int | None = None, threads: int = 1, ctx: int = 0, max_requests: int = 1000,
@@ -178,6 +215,8 @@ class LlamaServer:
             cmd += ["-md", str(self.draft), "--spec-type", self.spec_type or "draft-simple",
                     "--spec-draft-n-max", str(self.k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
                     "-td", str(self.threads), "-tbd", str(self.threads)]
+        elif self.spec_type is not None:  # a draftless proposer (ngram-*), with llama.cpp's own defaults
+            cmd += ["--spec-type", self.spec_type]
         return cmd
 
     def __enter__(self) -> "LlamaServer":

@@ -9,6 +9,7 @@ from draftsmith.export.common import EXPORTERS, ExportOptions, layouts
 FLAGS = {
     "max_model_len": ("--max-model-len", lambda o: o.max_model_len is not None, " (a draft LM with a shorter context)"),
     "target_gguf": ("--target-gguf", lambda o: o.target_gguf is not None, ""),
+    "gguf_type": ("--gguf-type", lambda o: o.gguf_type is not None, " (the draft GGUF's tensor type)"),
     "adaptive_verification": ("--no-adaptive-verification", lambda o: not o.adaptive_verification,
                               " (vLLM's DSpark speculative-config fields)"),
     "dspark_draft_topk": ("--dspark-draft-topk", lambda o: o.dspark_draft_topk is not None,

@@ -20,4 +20,9 @@ def parity_lines(name: str, e: dict) -> list[str]:
              f"{e['name']} target-only == draftsmith target-only on {e['target_only_equals_draftsmith']}/{e['num_requests']}"]
     if e["verdict"] == "disagree":
         lines.append(f"  {pad}  likely causes: " + "; ".join(e["likely_causes"]))
+    for other, c in (e.get("compare") or {}).items():
+        sp = c.get("decode_speedup") or {}
+        lines.append(f"  {pad}  {e['name']} {other}: decode speedup {_f(sp.get('median'), '.2f')}x median, "
+                     f"{_f(sp.get('p90'), '.2f')}x p90 | tau {_f(c['acceptance_length'])} ({c['draft_n_accepted']}/"
+                     f"{c['draft_n']} drafts) | output == target-only on {c['output_equals_target_only']}/{c['num_requests']}")
     return lines

@@ -95,3 +95,38 @@ def test_interrupted_build_resumes_without_rewriting_finished_shards(tmp_path, t
     assert all(os.stat(tmp_path / name).st_mtime_ns == t for name, t in stamps.items())
     cached = feature_cache.open(str(tmp_path), target, LAYERS)
     assert [len(cached[i]["input_ids"]) for i in range(5)] == [len(x) for x in ds.input_ids]
+
+
+def test_rows_batched_by_length_keep_their_own_features(tmp_path, target):
+    """Micro-batches are formed shortest first inside a shard; every row is still stored under its own index."""
+    g = torch.Generator().manual_seed(1)
+    lengths = [17, 3, 11, 5, 14, 4]  # batching by length reorders them
+    ids = [torch.randint(3, 250, (n,), generator=g, dtype=torch.int32) for n in lengths]
+    ds = TokenDataset(ids, [torch.ones(n, dtype=torch.uint8) for n in lengths], [f"r{i}" for i in range(6)])
+    feature_cache.build(target, ds, str(tmp_path), LAYERS, "float32", shard_rows=6, required=REQUIRED, batch_size=2,
+                        log=lambda *_: None)
+    cached = feature_cache.open(str(tmp_path), target, LAYERS, REQUIRED)
+    for i, n in enumerate(lengths):
+        online = features.compute(target, ids[i][None], torch.ones(1, n, dtype=torch.long),
+                                  {"aux_hidden_states"}, LAYERS)
+        assert torch.equal(cached[i]["input_ids"], ids[i])
+        torch.testing.assert_close(cached[i]["aux_hidden_states"], online["aux_hidden_states"][0], atol=1e-5, rtol=1e-5)
+
+
+def test_a_cache_built_in_bf16_serves_the_fp32_target_and_says_so(tmp_path):
+    """features.build_dtype: the target runs cast (checkpoint.run_in_dtype) but keeps the fingerprint of its
+    weights as loaded, so the fp32 recipe trains on the cache; each shard records the dtype it was built in."""
+    from draftsmith.checkpoint import run_in_dtype
+
+    fp32 = tiny_target(num_layers=3, hidden=32, seed=0)
+    cast = tiny_target(num_layers=3, hidden=32, seed=0)
+    run_in_dtype(cast, "bfloat16")
+    assert cast.dtype == torch.bfloat16 and cast.fingerprint == fp32.fingerprint
+    manifest = feature_cache.build(cast, _dataset(4), str(tmp_path), LAYERS, "int8", shard_rows=2, required=REQUIRED,
+                                   log=lambda *_: None)
+    assert [s["build_dtype"] for s in manifest["shards"]] == ["bfloat16", "bfloat16"]
+    cached = feature_cache.open(str(tmp_path), fp32, LAYERS, REQUIRED)
+    ref = features.compute(fp32, _dataset(4)[3]["input_ids"][None], torch.ones(1, 13, dtype=torch.long),
+                           {"aux_hidden_states"}, LAYERS)["aux_hidden_states"][0]
+    got = cached[3]["aux_hidden_states"].float()
+    assert float((got - ref).abs().max()) < 0.05 * float(ref.abs().max())  # bf16 forward + int8 storage, same states

@@ -35,9 +35,9 @@ def _no_llama_cpp(monkeypatch):
         "draft": "draft.gguf", "target": "target.gguf", "spec_type": "eagle3"})
     monkeypatch.setattr(eval_engine, "gguf_problems", lambda path, drafter: [])
 
-    def engine_side(tools, files, prompts, k, max_new_tokens, threads):
+    def engine_side(tools, files, prompts, k, max_new_tokens, threads, setups=()):
         replies = [engine_request({"tokens_predicted": max_new_tokens, "timings": {}}, len(p)) for p in prompts]
-        return replies, [dict(r) for r in replies]
+        return replies, [dict(r) for r in replies], {s["name"]: [dict(r) for r in replies] for s in setups}
 
     monkeypatch.setattr(eval_engine, "engine_side", engine_side)
 

@@ -74,6 +74,18 @@ def test_target_gguf_is_refused_for_other_formats(tmp_path, capsys):
 
     code = main(["export", str(tmp_path), "--to", "vllm", "--out", str(tmp_path / "o"), "--target-gguf", "x.gguf"])
     assert code == 2 and "--target-gguf applies to --to llama.cpp" in capsys.readouterr().err
+    code = main(["export", str(tmp_path), "--to", "sglang", "--out", str(tmp_path / "o"), "--gguf-type", "q8_0"])
+    assert code == 2 and "--gguf-type applies to --to llama.cpp (the draft GGUF's tensor type)" in capsys.readouterr().err
+
+
+def test_a_q4_0_draft_without_llama_quantize_names_the_install(tmp_path):
+    from draftsmith.export.llamacpp_tools import LlamaCppTools, write_draft
+
+    tools = LlamaCppTools(server=tmp_path / "bin" / "llama-server", converter=tmp_path / "convert_hf_to_gguf.py")
+    with pytest.raises(LlamaCppMissing, match="llama-quantize not found .*scripts/install_llama_cpp.sh"):
+        write_draft(tools, tmp_path / "hf", tmp_path / "d.gguf", "q4_0")
+    with pytest.raises(ValueError, match="--gguf-type 'q2_k': choose one of f32, f16, bf16, q8_0, q4_0"):
+        write_draft(tools, tmp_path / "hf", tmp_path / "d.gguf", "q2_k")
 
 
 # ---------------------------------------------------------------- tau accounting
@@ -177,3 +189,60 @@ def test_results_reader_and_leaderboard_take_the_engine_section(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(MalformedResultError, match="engine.acceptance_length"):
         load_result(path)
+
+
+def test_engine_compare_names_llamacpp_spec_types_and_chains():
+    setups = engine.compare_setups("ngram-mod, draft+ngram-simple,ngram-mod", "draft-eagle3")
+    assert setups == [{"name": "ngram-mod", "spec_type": "ngram-mod", "draft": False},
+                      {"name": "draft+ngram-simple", "spec_type": "draft-eagle3,ngram-simple", "draft": True}]
+    every = engine.compare_setups("ngram", "draft-dflash")
+    assert len(every) == 2 * len(engine.NGRAM_TYPES)
+    assert {s["spec_type"] for s in every if s["draft"]} == {f"draft-dflash,{t}" for t in engine.NGRAM_TYPES}
+    assert engine.compare_setups("", "draft-eagle3") == []
+    with pytest.raises(engine.UserError, match="'ngram-lookup' is not one of llama.cpp's draftless spec types"):
+        engine.compare_setups("ngram-lookup", "draft-eagle3")
+    with pytest.raises(engine.UserError, match="draft\\+TYPE"):
+        engine.compare_setups("draft+draft-simple", "draft-eagle3")
+
+
+def test_a_compared_proposer_is_counted_against_the_same_target_only_replies():
+    def reply(tokens, accepted, per_s):
+        return engine.engine_request({"tokens_predicted": len(tokens), "tokens": tokens,
+                                      "timings": {"draft_n": accepted + 2, "draft_n_accepted": accepted,
+                                                  "predicted_per_second": per_s}}, 5)
+
+    base = [reply([1, 2, 3, 4, 5], 0, 100.0), reply([6, 7, 8, 9, 10], 0, 50.0)]
+    ngram = [reply([1, 2, 3, 4, 5], 2, 150.0), reply([6, 7, 8, 9, 0], 1, 50.0)]
+    c = engine.compare_section(ngram, base)
+    assert c["decode_speedup"]["median"] == pytest.approx(1.25)  # 1.5x and 1.0x
+    assert c["output_equals_target_only"] == 1 and c["num_requests"] == 2
+    assert c["draft_n_accepted"] == 3 and c["draft_n"] == 7
+    assert c["acceptance_length"] == pytest.approx(8 / (2 + 3))  # committed 4 + 4 over rounds (4-2) + (4-1)
+
+
+def test_llama_server_command_for_a_draftless_proposer_and_a_chain(tmp_path):
+    from draftsmith.export.llamacpp_tools import LlamaCppTools, LlamaServer
+
+    tools = LlamaCppTools(server=tmp_path / "llama-server", converter=tmp_path / "convert_hf_to_gguf.py")
+    ngram = LlamaServer(tools, tmp_path / "t.gguf", spec_type="ngram-mod", k=3).command()
+    assert ngram[ngram.index("--spec-type") + 1] == "ngram-mod" and "-md" not in ngram
+    chain = LlamaServer(tools, tmp_path / "t.gguf", draft=tmp_path / "d.gguf", spec_type="draft-eagle3,ngram-mod",
+                        k=3).command()
+    assert chain[chain.index("--spec-type") + 1] == "draft-eagle3,ngram-mod" and "-md" in chain
+    assert "--spec-type" not in LlamaServer(tools, tmp_path / "t.gguf").command()
+
+
+def test_parity_lines_show_each_compared_proposer():
+    from draftsmith.report.parity import parity_lines
+
+    section = {"name": "llama.cpp", "draftsmith_per_position_acceptance": [0.5], "draftsmith_acceptance_length": 1.5,
+               "draftsmith_acceptance_rate": 0.5, "acceptance_length": 1.5, "acceptance_rate": 0.5,
+               "draft_n_accepted": 5, "draft_n": 10, "gap": 0.0, "verdict": "agree",
+               "decode_speedup": {"median": 1.2, "p90": 1.4}, "output_equals_target_only": 2, "num_requests": 2,
+               "target_only_equals_draftsmith": 2,
+               "compare": {"ngram-mod": {"decode_speedup": {"median": 0.98, "p90": 1.01}, "acceptance_length": 1.0,
+                                         "draft_n_accepted": 0, "draft_n": 3, "output_equals_target_only": 2,
+                                         "num_requests": 2}}}
+    lines = parity_lines("mt_bench", section)
+    assert any("llama.cpp ngram-mod: decode speedup 0.98x median, 1.01x p90" in line and "0/3 drafts" in line
+               for line in lines)

@@ -1,0 +1,83 @@
+"""The SmolLM2-135M-Instruct recipe end to end in a real engine: recipes/cpu/eagle3-smollm2-135m.yaml trains
+2 steps (online features, a few chat rows), `draftsmith export --to llama.cpp --target-gguf <the installed
+Q4_1 file> --gguf-type q4_0` writes the draft through llama.cpp's converter and llama-quantize, and
+llama-server serves it with the Q4_1 target as it is: its output with the draft equals its output without.
+
+Needs the model (`bash scripts/install_smollm2.sh`) and llama.cpp (`bash scripts/install_llama_cpp.sh`);
+skips without either, unless DRAFTSMITH_REQUIRE_SMOLLM2=1 / DRAFTSMITH_REQUIRE_LLAMA_CPP=1 (set by .ci/run
+after the installs succeeded)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+ROWS = [
+    ("Give me three tips for staying healthy.",
+     "1. Eat a balanced diet with plenty of fruits and vegetables.\n2. Exercise regularly.\n3. Get enough sleep."),
+    ("What is the capital of France?", "The capital of France is Paris."),
+    ("Write a haiku about the sea.", "Waves fold into foam,\nsalt wind carries gull voices,\nthe tide keeps its time."),
+    ("Explain what a CPU does in one sentence.",
+     "A CPU executes the instructions of computer programs by performing arithmetic, logic and control operations."),
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from draftsmith.targets.installed import resolve
+
+    try:
+        return resolve("smollm2-135m-instruct")
+    except FileNotFoundError as exc:
+        if os.environ.get("DRAFTSMITH_REQUIRE_SMOLLM2") == "1":
+            pytest.fail(f"{exc} (DRAFTSMITH_REQUIRE_SMOLLM2=1 requires it)")
+        pytest.skip(f"SmolLM2-135M-Instruct is not installed: {exc}")
+
+
+@pytest.fixture(scope="module")
+def trained(smollm2, tmp_path_factory):
+    from draftsmith import config
+    from draftsmith.train.loop import train
+
+    out = tmp_path_factory.mktemp("smollm2-run")
+    data = out / "chat.jsonl"
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q},
+                                                     {"role": "assistant", "content": a}]}) + "\n" for q, a in ROWS))
+    cfg = config.load(REPO / "recipes" / "cpu" / "eagle3-smollm2-135m.yaml",
+                      [f"data.path=[{data}]", "data.eval_samples=0", "features.mode=online", "features.cache_dir=null",
+                       "train.max_steps=2", "train.batch_size=2", "train.eval_every=0", "train.save_every=0",
+                       f"train.output_dir={out}/run", "logging.progress_bar=false", "train.precision=fp32"])
+    return train(cfg).final_checkpoint
+
+
+def test_two_steps_export_quantized_and_serve_identically(trained, smollm2, tools, tmp_path):
+    from gguf import GGUFReader
+
+    from draftsmith.cli import main
+    from draftsmith.config import TargetConfig
+    from draftsmith.export.llamacpp_tools import LlamaServer
+    from draftsmith.targets.load import from_config
+
+    out = tmp_path / "gguf"
+    assert main(["export", str(trained), "--to", "llama.cpp", "--out", str(out), "--target-gguf", str(smollm2),
+                 "--gguf-type", "q4_0", "--num-speculative-tokens", "3"]) == 0
+    side = json.loads((out / "draftsmith.json").read_text())
+    assert side["draft_gguf_type"] == "q4_0" and side["target"] == str(smollm2)  # the Q4_1 file served as it is
+    assert side["check"]["loaded"]
+    types = {t.name: t.tensor_type.name for t in GGUFReader(str(out / "draft-eagle3.gguf")).tensors}
+    assert "Q4_0" in types.values(), types  # llama-quantize wrote the draft's matrices in Q4_0
+
+    tok = from_config(TargetConfig(path="installed:smollm2-135m-instruct")).tokenizer
+    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
+                                       return_dict=False) for q, _ in ROWS[:2]]
+    with LlamaServer(tools, smollm2, draft=out / "draft-eagle3.gguf", spec_type="draft-eagle3", k=3,
+                     max_requests=4) as spec, LlamaServer(tools, smollm2, max_requests=4) as base:
+        for ids in prompts:
+            with_draft, without = spec.complete(list(ids), 32), base.complete(list(ids), 32)
+            assert with_draft["tokens"] == without["tokens"]  # greedy: the draft never changes the output
+            assert with_draft["timings"].get("draft_n", 0) > 0  # and it did draft
