@@ -34,6 +34,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftsmith.core.errors import UserError
+
 LLAMA_CPP_VERSION = "0.3.36"  # the llama-cpp-python sdist whose vendor/llama.cpp is built
 INSTALL_COMMAND = "bash scripts/install_llama_cpp.sh"
 STARTUP_TIMEOUT_S = 120.0  # model load + warm-up of a small model takes a few seconds
@@ -122,7 +124,7 @@ def write_draft(tools: LlamaCppTools, model_dir: Path, outfile: Path, gguf_type:
     if gguf_type in CONVERTER_TYPES:
         return convert(tools, model_dir, outfile, outtype=gguf_type, target_dir=target_dir)
     if gguf_type not in QUANTIZE_TYPES:
-        raise ValueError(f"--gguf-type {gguf_type!r}: choose one of {', '.join(GGUF_TYPES)}")
+        raise UserError(f"--gguf-type {gguf_type!r}: choose one of {', '.join(GGUF_TYPES)}")
     if not tools.quantize.is_file():
         raise LlamaCppMissing(f"llama-quantize not found at {tools.quantize} (--gguf-type {gguf_type}): build it with "
                               f"`{INSTALL_COMMAND}`")

@@ -84,7 +84,7 @@ def test_a_q4_0_draft_without_llama_quantize_names_the_install(tmp_path):
     tools = LlamaCppTools(server=tmp_path / "bin" / "llama-server", converter=tmp_path / "convert_hf_to_gguf.py")
     with pytest.raises(LlamaCppMissing, match="llama-quantize not found .*scripts/install_llama_cpp.sh"):
         write_draft(tools, tmp_path / "hf", tmp_path / "d.gguf", "q4_0")
-    with pytest.raises(ValueError, match="--gguf-type 'q2_k': choose one of f32, f16, bf16, q8_0, q4_0"):
+    with pytest.raises(engine.UserError, match="--gguf-type 'q2_k': choose one of f32, f16, bf16, q8_0, q4_0"):
         write_draft(tools, tmp_path / "hf", tmp_path / "d.gguf", "q2_k")
 
 

@@ -49,7 +49,7 @@ def trained(smollm2, tmp_path_factory):
     data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q},
                                                      {"role": "assistant", "content": a}]}) + "\n" for q, a in ROWS))
     cfg = config.load(REPO / "recipes" / "cpu" / "eagle3-smollm2-135m.yaml",
-                      [f"data.path=[{data}]", "data.eval_samples=0", "features.mode=online", "features.cache_dir=null",
+                      [f"data.path=[{data}]", "regenerate.output=null", "data.eval_samples=0", "features.mode=online", "features.cache_dir=null",
                        "train.max_steps=2", "train.batch_size=2", "train.eval_every=0", "train.save_every=0",
                        f"train.output_dir={out}/run", "logging.progress_bar=false", "train.precision=fp32"])
     return train(cfg).final_checkpoint
