@@ -152,14 +152,16 @@ def run(args: EvalOptions) -> int:
     with tempfile.TemporaryDirectory(prefix="draftsmith-engine-") as work:
         files = engine_files(args, loaded, Path(work))
         problems = gguf_problems(Path(files["draft"]), drafter)  # what llama.cpp reads differently
-        per_workload = {name: compare_on_workload(args, tools, files, target, proposer, name, prompt_format, problems)
+        setups = compare_setups(args.engine_compare, files["spec_type"])
+        per_workload = {name: compare_on_workload(args, tools, files, target, proposer, name, prompt_format, problems,
+                                                  setups)
                         for name in names}
     config = engine_results_config(args, target, prompt_format, names, recipe)
     config["engine"] = {"name": "llama.cpp", "version": tools.version(), "server": str(tools.server),
                         "spec_type": files["spec_type"], "threads": args.engine_threads,
                         "draft_gguf": files["draft"], "target_gguf": files["target"],
                         "gguf_problems": problems, "draftsmith_drafter_options": applied,
-                        "compare": compare_setups(args.engine_compare, files["spec_type"])}
+                        "compare": setups}
     identity = checkpoint_identity(loaded, args.path)
     out = results.build(command_line("draftsmith eval --engine llama.cpp (function call)"), config, target.identity(),
                         identity, target.device, per_workload, True)
@@ -188,7 +190,7 @@ def engine_results_config(args: EvalOptions, target, prompt_format: str, names: 
 
 
 def compare_on_workload(args: EvalOptions, tools, files: dict, target, proposer, name: str, prompt_format: str,
-                        problems: list) -> dict:
+                        problems: list, setups: list[dict] = ()) -> dict:
     """One workload through draftsmith's loop and llama.cpp's servers: its results section (`engine` inside)."""
     limit = getattr(target.config, "max_position_embeddings", None)
     max_prompt = None if limit is None else limit - args.max_new_tokens
@@ -198,7 +200,6 @@ def compare_on_workload(args: EvalOptions, tools, files: dict, target, proposer,
     print(f"[eval --engine llama.cpp] {name}: {len(prompts)} prompts, k={args.k}, "
           f"{args.max_new_tokens} tokens each (greedy, EOS ignored) ...", flush=True)
     ds_requests, ds_base = draftsmith_side(target, proposer, prompts, args.k, args.max_new_tokens)
-    setups = compare_setups(args.engine_compare, files["spec_type"])
     spec, base, others = engine_side(tools, files, prompts, args.k, args.max_new_tokens, args.engine_threads, setups)
     section, aggregate = compare_workload(ds_requests, ds_base, spec, base, args.k, problems, others)
     mismatches = []

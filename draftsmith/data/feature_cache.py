@@ -128,7 +128,7 @@ def _shard_tensors(target, dataset, start: int, end: int, layers, dtype, feature
                               set(features) | ({"target_logits"} if check else set()), list(layers))
         if check:
             feats_mod.check_logits_path(target, f["last_hidden_state"], f["target_logits"], batch["attention_mask"])
-        for row, (b, item) in zip(rows, enumerate(items)):
+        for b, (row, item) in enumerate(zip(rows, items)):
             n = len(item["input_ids"])
             out[f"{row}/input_ids"] = item["input_ids"].to(torch.int32)
             out[f"{row}/loss_mask"] = item["loss_mask"].to(torch.uint8)
