@@ -92,7 +92,7 @@ def check(contract: Contract, got: Settings, want: Settings, release: str | None
 def n_max_findings(contract: Contract, got: Settings) -> list[Finding]:
     raw = got.get("n_max")
     k = DEFAULT_N_MAX if raw is None else as_int(raw, N_MAX)
-    does = f"draft {k} tokens a round" + (" (its default)" if raw is None else "")
+    does = f"draft {k} token{'' if k == 1 else 's'} a round" + (" (its default)" if raw is None else "")
     if contract.block_size() is not None and contract.k is not None and k > contract.k:
         # common/speculative.cpp (draft-dflash): "requested draft size ... exceeds the trained block size --
         # clamping": a block drafter drafts at most its trained block, so a larger n_max changes nothing

@@ -9,7 +9,10 @@ writes as `tokenizer.ggml.model = "gpt2"` with whichever pre-tokenizer its hash 
 token ids are the same, the vocab type is not, and llama-server then drafts nothing. So the draft's
 `tokenizer.*` metadata is replaced by the target file's (the ids the draft was trained on are the
 target's ids), through the gguf package's reader and writer; tensors and every other key are copied
-unchanged.
+unchanged. One tokenizer key belongs to the draft's graph, not to the vocabulary, and stays the draft's:
+`tokenizer.ggml.mask_token_id`, the placeholder a block drafter (DFlash, DSpark) was trained with. A target
+file has none (SmolLM2's Q4_1 has none), and without it llama.cpp's draft-dflash reads mask -1 and aborts
+("get_sub_batch: failed to add embedding").
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import os
 from pathlib import Path
 
 TOKENIZER_PREFIX = "tokenizer."
+DRAFT_OWN_KEYS = ("tokenizer.ggml.mask_token_id",)  # the draft graph's, kept whatever the target file says
 
 
 def _fields(reader) -> dict:
@@ -40,7 +44,9 @@ def adopt_vocabulary(draft: Path, target: Path) -> bool:
     draft, target = Path(draft), Path(target)
     reader = gguf.GGUFReader(str(draft))
     own = _fields(reader)
-    theirs = {k: kv for k, kv in _fields(gguf.GGUFReader(str(target))).items() if k.startswith(TOKENIZER_PREFIX)}
+    theirs = {k: kv for k, kv in _fields(gguf.GGUFReader(str(target))).items()
+              if k.startswith(TOKENIZER_PREFIX) and k not in DRAFT_OWN_KEYS}
+    theirs.update({k: own[k] for k in DRAFT_OWN_KEYS if k in own})
     if {k: v for k, (v, _) in own.items() if k.startswith(TOKENIZER_PREFIX)} == {k: v for k, (v, _) in theirs.items()}:
         return False
     arch = own["general.architecture"][0]

@@ -52,6 +52,21 @@ def test_draft_takes_the_target_tokenizer_and_keeps_its_tensors(tmp_path):
     assert adopt_vocabulary(draft, target) is False  # already the same: nothing rewritten
 
 
+def test_a_block_drafters_mask_token_stays_the_drafts(tmp_path):
+    """tokenizer.ggml.mask_token_id is the block drafter's trained placeholder, not vocabulary: a target file
+    without one (SmolLM2's Q4_1) must not erase it (llama.cpp's draft-dflash aborts on mask -1)."""
+    tokens = ["<unk>", "<s>", "</s>", "a", "b"]
+    w = np.zeros((5, 4), np.float32)
+    draft, target = tmp_path / "draft.gguf", tmp_path / "target.gguf"
+    write(draft, "gpt2", "smollm", tokens, {"fc.weight": w}, {"tokenizer.ggml.mask_token_id": 2})
+    write(target, "gpt2", "smollm", tokens, {"token_embd.weight": w}, {"tokenizer.ggml.padding_token_id": 2})
+    assert adopt_vocabulary(draft, target) is True
+    got = tokenizer_fields(draft)
+    assert got["tokenizer.ggml.mask_token_id"] == 2 and got["tokenizer.ggml.padding_token_id"] == 2
+    assert {k: v for k, v in got.items() if k != "tokenizer.ggml.mask_token_id"} == tokenizer_fields(target)
+    assert adopt_vocabulary(draft, target) is False
+
+
 def test_a_gguf_target_is_served_from_its_own_file(tmp_path):
     """Before issue 20's Gemma export, every GGUF target was refused ("needs the target as a local
     directory"): the export now serves the target's own GGUF and converts only an HF directory."""

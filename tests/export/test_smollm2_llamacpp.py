@@ -2,6 +2,8 @@
 2 steps (online features, a few chat rows), `draftsmith export --to llama.cpp --target-gguf <the installed
 Q4_1 file> --gguf-type q4_0` writes the draft through llama.cpp's converter and llama-quantize, and
 llama-server serves it with the Q4_1 target as it is: its output with the draft equals its output without.
+The same for a DFlash block drafter on the recipe's target and data (its drafter section replaced, q8_0): the
+export keeps the draft's mask token when it takes the Q4_1 file's tokenizer (without it llama-server aborted).
 
 Needs the model (`bash scripts/install_smollm2.sh`) and llama.cpp (`bash scripts/install_llama_cpp.sh`);
 skips without either, unless DRAFTSMITH_REQUIRE_SMOLLM2=1 / DRAFTSMITH_REQUIRE_LLAMA_CPP=1 (set by .ci/run
@@ -39,23 +41,33 @@ def smollm2():
         pytest.skip(f"SmolLM2-135M-Instruct is not installed: {exc}")
 
 
-@pytest.fixture(scope="module")
-def trained(smollm2, tmp_path_factory):
+# the block drafter the test serves beside EAGLE-3: llama.cpp's draft-dflash takes the full vocabulary
+DFLASH = {"kind": "dflash", "block_size": 4, "num_layers": 1, "aux_layer_ids": [2, 15, 27]}
+CASES = {"eagle3": ("q4_0", "Q4_0"), "dflash": ("q8_0", "Q8_0")}  # --gguf-type, a tensor type it must write
+
+
+def trained(kind: str, out) -> str:
+    import yaml
+
     from draftsmith import config
     from draftsmith.train.loop import train
 
-    out = tmp_path_factory.mktemp("smollm2-run")
     data = out / "chat.jsonl"
     data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q},
                                                      {"role": "assistant", "content": a}]}) + "\n" for q, a in ROWS))
-    cfg = config.load(REPO / "recipes" / "cpu" / "eagle3-smollm2-135m.yaml",
-                      [f"data.path=[{data}]", "regenerate.output=null", "data.eval_samples=0", "features.mode=online", "features.cache_dir=null",
-                       "train.max_steps=2", "train.batch_size=2", "train.eval_every=0", "train.save_every=0",
-                       f"train.output_dir={out}/run", "logging.progress_bar=false", "train.precision=fp32"])
+    recipe = REPO / "recipes" / "cpu" / "eagle3-smollm2-135m.yaml"
+    if kind == "dflash":  # the same recipe with its drafter section replaced
+        raw = yaml.safe_load(recipe.read_text())
+        recipe = out / "dflash-smollm2.yaml"
+        recipe.write_text(yaml.safe_dump({**raw, "drafter": DFLASH}))
+    cfg = config.load(recipe, [f"data.path=[{data}]", "regenerate.output=null", "data.eval_samples=0", "features.mode=online", "features.cache_dir=null",
+                               "train.max_steps=2", "train.batch_size=2", "train.eval_every=0", "train.save_every=0",
+                               f"train.output_dir={out}/run", "logging.progress_bar=false", "train.precision=fp32"])
     return train(cfg).final_checkpoint
 
 
-def test_two_steps_export_quantized_and_serve_identically(trained, smollm2, tools, tmp_path):
+@pytest.mark.parametrize("kind", list(CASES))
+def test_two_steps_export_quantized_and_serve_identically(kind, smollm2, tools, tmp_path):
     from gguf import GGUFReader
 
     from draftsmith.cli import main
@@ -63,19 +75,25 @@ def test_two_steps_export_quantized_and_serve_identically(trained, smollm2, tool
     from draftsmith.export.llamacpp_tools import LlamaServer
     from draftsmith.targets.load import from_config
 
+    gguf_type, tensor_type = CASES[kind]
+    ckpt = trained(kind, tmp_path)
     out = tmp_path / "gguf"
-    assert main(["export", str(trained), "--to", "llama.cpp", "--out", str(out), "--target-gguf", str(smollm2),
-                 "--gguf-type", "q4_0", "--num-speculative-tokens", "3"]) == 0
+    assert main(["export", str(ckpt), "--to", "llama.cpp", "--out", str(out), "--target-gguf", str(smollm2),
+                 "--gguf-type", gguf_type, "--num-speculative-tokens", "3"]) == 0
     side = json.loads((out / "draftsmith.json").read_text())
-    assert side["draft_gguf_type"] == "q4_0" and side["target"] == str(smollm2)  # the Q4_1 file served as it is
+    assert side["draft_gguf_type"] == gguf_type and side["target"] == str(smollm2)  # the Q4_1 file served as it is
     assert side["check"]["loaded"]
-    types = {t.name: t.tensor_type.name for t in GGUFReader(str(out / "draft-eagle3.gguf")).tensors}
-    assert "Q4_0" in types.values(), types  # llama-quantize wrote the draft's matrices in Q4_0
+    draft = out / side["draft"]
+    reader = GGUFReader(str(draft))
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert tensor_type in types.values(), types  # the converter (q8_0) or llama-quantize (q4_0) wrote that type
+    if kind == "dflash":
+        assert reader.fields["tokenizer.ggml.mask_token_id"].contents() >= 0  # the trained mask token, kept
 
     tok = from_config(TargetConfig(path="installed:smollm2-135m-instruct")).tokenizer
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
                                        return_dict=False) for q, _ in ROWS[:2]]
-    with LlamaServer(tools, smollm2, draft=out / "draft-eagle3.gguf", spec_type="draft-eagle3", k=3,
+    with LlamaServer(tools, smollm2, draft=draft, spec_type=side["spec_type"], k=3,
                      max_requests=4) as spec, LlamaServer(tools, smollm2, max_requests=4) as base:
         for ids in prompts:
             with_draft, without = spec.complete(list(ids), 32), base.complete(list(ids), 32)
