@@ -11,7 +11,7 @@ token ids are the same, the vocab type is not, and llama-server then drafts noth
 target's ids), through the gguf package's reader and writer; tensors and every other key are copied
 unchanged. One tokenizer key belongs to the draft's graph, not to the vocabulary, and stays the draft's:
 `tokenizer.ggml.mask_token_id`, the placeholder a block drafter (DFlash, DSpark) was trained with. A target
-file has none (SmolLM2's Q4_1 has none), and without it llama.cpp's draft-dflash reads mask -1 and aborts
+file may have none (SmolLM2's Q4_1 has none), and without it llama.cpp's draft-dflash reads mask -1 and aborts
 ("get_sub_batch: failed to add embedding").
 """
 from __future__ import annotations
