@@ -306,34 +306,6 @@ class LlamaServer:
         return parse_reply(body)
 
 
-class ServedCommand(LlamaServer):
-    """A llama-server command line as a user wrote it, served by this build's llama-server on 127.0.0.1:<free
-    port> (doctor's measured check): `flags` are the words after the program; their --host / --port are
-    replaced, nothing else is added or changed (threads, context, slots and spec flags stay the user's)."""
-
-    def __init__(self, tools: LlamaCppTools, flags: list[str], max_requests: int = 1000):
-        flags = [str(f) for f in flags]
-        model = next((flags[i + 1] for i in range(len(flags) - 1) if flags[i] in ("-m", "--model")), "the model")
-        super().__init__(tools, Path(model), max_requests=max_requests)
-        self.flags = without_address(flags)
-
-    def command(self) -> list[str]:
-        return [str(self.tools.server), *self.flags, "--host", "127.0.0.1", "--port", str(self.port)]
-
-
-def without_address(flags: list[str]) -> list[str]:
-    """`flags` less --host / --port and their values (either spelling: `--port 8080`, `--port=8080`)."""
-    kept, skip = [], False
-    for word in flags:
-        if skip:
-            skip = False
-        elif word in ("--host", "--port"):
-            skip = True
-        elif not word.startswith(("--host=", "--port=")):
-            kept.append(word)
-    return kept
-
-
 def parse_reply(body: bytes) -> dict:
     """A /completion reply, checked: at most MAX_REPLY_BYTES of JSON, an object with `tokens_predicted` (an int)
     and `timings` (an object), `tokens` a list of ints when present; else LlamaCppError in one line."""

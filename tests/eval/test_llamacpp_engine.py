@@ -232,20 +232,6 @@ def test_llama_server_command_for_a_draftless_proposer_and_a_chain(tmp_path):
     assert "--spec-type" not in LlamaServer(tools, tmp_path / "t.gguf").command()
 
 
-def test_a_served_command_keeps_the_users_flags_and_runs_this_build(tmp_path):
-    """doctor's measured check serves a user's llama-server line as written: only --host/--port are replaced
-    (a free local port), and the program is this build's llama-server, never the one the line names."""
-    from draftsmith.export.llamacpp_tools import LlamaCppTools, ServedCommand
-
-    tools = LlamaCppTools(server=tmp_path / "llama-server", converter=tmp_path / "convert_hf_to_gguf.py")
-    flags = ["-m", "t.gguf", "--host", "0.0.0.0", "-md", "d.gguf", "--port=9999", "--spec-draft-n-max", "1", "-t", "2"]
-    served = ServedCommand(tools, flags)
-    served.port = 4321
-    assert served.command() == [str(tmp_path / "llama-server"), "-m", "t.gguf", "-md", "d.gguf", "--spec-draft-n-max",
-                                "1", "-t", "2", "--host", "127.0.0.1", "--port", "4321"]
-    assert served.model.name == "t.gguf"
-
-
 def test_parity_lines_show_each_compared_proposer():
     from draftsmith.report.parity import parity_lines
 

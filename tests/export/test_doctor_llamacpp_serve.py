@@ -1,6 +1,6 @@
 """`draftsmith doctor`'s prediction, served: a DFlash 2 drafter trained on the real stories260K (the shipped
 recipe, 300 steps, its selector top-k fit for llama.cpp), exported --to llama.cpp with k = 5 (one trained block
-of 6), then three llama-server command lines run as a user would type them (llamacpp_tools.ServedCommand: the
+of 6), then three llama-server command lines run as a user would type them (served_command below: the
 words as written, only --host/--port replaced):
 
 - the serve command `export` printed: doctor is clean, and the engine's tau is the reference;
@@ -57,6 +57,44 @@ def chat_prompts(ckpt: Path) -> list[list[int]]:
     return [workloads.encode(item, tokenizer, fmt, 512 - NEW_TOKENS)[0].reshape(-1).tolist() for item in items]
 
 
+def served_command(tools, flags: list[str], max_requests: int):
+    """A llama-server command line as a user wrote it (`flags`: the words after the program), run by this
+    build's llama-server on 127.0.0.1:<free port>: its --host / --port are replaced, nothing else is changed."""
+    from draftsmith.export.llamacpp_tools import LlamaServer
+
+    class ServedCommand(LlamaServer):
+        def command(self) -> list[str]:
+            return [str(self.tools.server), *without_address(flags), "--host", "127.0.0.1", "--port", str(self.port)]
+
+    model = next((flags[i + 1] for i in range(len(flags) - 1) if flags[i] in ("-m", "--model")), "the model")
+    return ServedCommand(tools, Path(model), max_requests=max_requests)
+
+
+def without_address(flags: list[str]) -> list[str]:
+    """`flags` less --host / --port and their values (either spelling: `--port 8080`, `--port=8080`)."""
+    kept, skip = [], False
+    for word in flags:
+        if skip:
+            skip = False
+        elif word in ("--host", "--port"):
+            skip = True
+        elif not word.startswith(("--host=", "--port=")):
+            kept.append(word)
+    return kept
+
+
+def test_a_served_command_keeps_the_users_flags_and_runs_this_build(tmp_path):
+    from draftsmith.export.llamacpp_tools import LlamaCppTools
+
+    tools = LlamaCppTools(server=tmp_path / "llama-server", converter=tmp_path / "convert_hf_to_gguf.py")
+    flags = ["-m", "t.gguf", "--host", "0.0.0.0", "-md", "d.gguf", "--port=9999", "--spec-draft-n-max", "1", "-t", "2"]
+    served = served_command(tools, flags, 1)
+    served.port = 4321
+    assert served.command() == [str(tmp_path / "llama-server"), "-m", "t.gguf", "-md", "d.gguf", "--spec-draft-n-max",
+                                "1", "-t", "2", "--host", "127.0.0.1", "--port", "4321"]
+    assert served.model.name == "t.gguf"
+
+
 def served(server, prompts: list[list[int]]) -> dict:
     from draftsmith.eval.engine import engine_request, pool
 
@@ -69,7 +107,7 @@ def test_doctor_predicts_the_tau_drop_llama_server_shows(tools, tmp_path, monkey
     from draftsmith.cli import main
     from draftsmith.export.doctor import prediction
     from draftsmith.export.llamacpp import read_export_dir
-    from draftsmith.export.llamacpp_tools import LlamaServer, ServedCommand
+    from draftsmith.export.llamacpp_tools import LlamaServer
 
     ckpt = train_dflash2(tmp_path, monkeypatch)
     out = tmp_path / "gguf"
@@ -88,7 +126,7 @@ def test_doctor_predicts_the_tau_drop_llama_server_shows(tools, tmp_path, monkey
 
     prompts = chat_prompts(ckpt)
     bound = len(prompts) + 1
-    tau = {name: served(ServedCommand(tools, argv[1:], max_requests=bound), prompts)
+    tau = {name: served(served_command(tools, argv[1:], bound), prompts)
            for name, argv in commands.items()}
     alone = served(LlamaServer(tools, Path(read_export_dir(out)["target"]), max_requests=bound), prompts)
     print({name: (round(t["acceptance_length"], 3), t["rounds"]) for name, t in tau.items()})
