@@ -45,8 +45,8 @@ def main(argv=None) -> int:
     from draftsmith.data.regenerate import recipe_tokenizer
     from draftsmith.eval import workloads
     from draftsmith.eval.engine import compare_section, compare_setups
-    from draftsmith.export.llamacpp import read_export_dir
-    from draftsmith.export.llamacpp_tools import LlamaServer, find_llama_cpp
+    from draftsmith.export.llamacpp.layouts import read_export_dir
+    from draftsmith.export.llamacpp.tools import LlamaServer, find_llama_cpp
 
     tools = find_llama_cpp()
     side = read_export_dir(args.export)

@@ -57,7 +57,7 @@ def summarize(ms_by_width: dict[int, list[float]]) -> dict:
 
 
 def llama_cpp_costs(gguf: Path, widths: list[int], context: int, repeats: int, threads: int, repack: bool) -> dict:
-    from draftsmith.export.llamacpp_tools import find_llama_cpp
+    from draftsmith.export.llamacpp.tools import find_llama_cpp
 
     bench = find_llama_cpp().server.with_name("llama-bench")
     if not bench.is_file():

@@ -5,7 +5,7 @@
     draftsmith prepare recipe.yaml             # regenerate answers with the target / build the feature cache
     draftsmith eval runs/NAME/final --workloads spec_bench,mt_bench --k 5
     draftsmith profile runs/NAME/final         # speedup_profile.json: acceptance, costs, best k per batch
-    draftsmith export runs/NAME/final --to vllm|sglang|trtllm|hf --out DIR
+    draftsmith export runs/NAME/final --to vllm|sglang|trtllm|hf|llama.cpp --out DIR
     draftsmith leaderboard results/*.json --out leaderboard/
     draftsmith report results/run.json
     draftsmith ls                              # drafter kinds, workloads, export formats, recipes

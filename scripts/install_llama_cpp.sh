@@ -7,7 +7,7 @@
 #   LLAMA_CPP_JOBS=4 bash scripts/install_llama_cpp.sh
 # Cache: ${XDG_CACHE_HOME:-$HOME/.cache}/draftsmith/llama.cpp-0.3.36 (DRAFTSMITH_LLAMA_CPP_DIR
 # overrides it). A second run finds the built binary and returns at once.
-# draftsmith finds the result there by itself (draftsmith/export/llamacpp_tools.py), or through
+# draftsmith finds the result there by itself (draftsmith/export/llamacpp/tools.py), or through
 # DRAFTSMITH_LLAMA_SERVER / DRAFTSMITH_LLAMA_CPP_DIR.
 #
 # The download fetches the sdist alone: `--only-binary :all: --no-binary llama-cpp-python` lets pip

@@ -126,3 +126,29 @@ def test_train_eval_and_export_stand_side_by_side():
             if b in stages and b != a and (src, dst) not in ALLOWED_BETWEEN_STAGES:
                 crossing[f"{src} -> {dst}"] = where[:2]
     assert not crossing, f"train/, eval/ and export/ import each other: {crossing}"
+
+
+ENGINE_FOLDERS = ("vllm", "sglang", "trtllm", "llamacpp")
+
+
+def _engine_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "export" and parts[2] in ENGINE_FOLDERS else None
+
+
+def test_no_engine_folder_imports_another():
+    """export/ is one folder per engine; what two engines share lives beside the folders (layout.py, speculators.py,
+    eagle_tensors.py, doctor/), never in one engine's folder for another to import."""
+    graph = _graph_tool().file_graph()
+    crossing = {f"{src} -> {dst}": where[:2] for src, edges in graph.items() for dst, where in edges.items()
+                if _engine_of(src) and _engine_of(dst) and _engine_of(src) != _engine_of(dst)}
+    assert not crossing, f"engine folders importing each other: {crossing}"
+    assert {_engine_of(m) for m in graph} >= set(ENGINE_FOLDERS), "an engine folder is missing from the graph"
+
+
+def test_export_top_level_stays_small():
+    from pathlib import Path
+
+    top = Path(__file__).resolve().parent.parent / "draftsmith" / "export"
+    modules = sorted(p.name for p in top.glob("*.py") if p.name != "__init__.py")
+    assert len(modules) <= 10, f"export/ holds {len(modules)} modules beside its folders: {modules}"

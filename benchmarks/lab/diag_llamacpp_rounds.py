@@ -24,8 +24,8 @@ from draftsmith.checkpoint import load_drafter
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.eval import proposers, workloads
 from draftsmith.eval.loop import LoopConfig, generate
-from draftsmith.export.llamacpp import read_export_dir
-from draftsmith.export.llamacpp_tools import LlamaServer, find_llama_cpp
+from draftsmith.export.llamacpp.layouts import read_export_dir
+from draftsmith.export.llamacpp.tools import LlamaServer, find_llama_cpp
 
 
 class TracedServer(LlamaServer):

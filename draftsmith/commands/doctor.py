@@ -9,7 +9,7 @@
 
 Prints one line per mismatch (what the engine will do, what the drafter was trained for, the corrected flag),
 notes that do not change acceptance, and the flags it does not check. Exit 1 on a mismatch that changes
-acceptance or output, 0 when clean, 2 on input it cannot read (export/doctor.py).
+acceptance or output, 0 when clean, 2 on input it cannot read (export/doctor/run.py).
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def own_options_first(args) -> list[str]:
 
 
 def main(args) -> int:
-    from draftsmith.export.doctor import diagnose, diagnose_config
+    from draftsmith.export.doctor.run import diagnose, diagnose_config
 
     serve = own_options_first(args)
     if bool(serve) == bool(args.config):

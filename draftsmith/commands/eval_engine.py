@@ -21,7 +21,7 @@ from draftsmith.commands.eval_options import EvalOptions
 from draftsmith.commands.eval_results import checkpoint_identity, command_line, results_config, write_results
 from draftsmith.eval import proposers, results, workloads
 from draftsmith.eval.engine import TOLERANCE, compare_setups, compare_workload, draftsmith_side, engine_request
-from draftsmith.export.llamacpp import engine_drafter_options, gguf_problems
+from draftsmith.export.llamacpp.layouts import engine_drafter_options, gguf_problems
 from draftsmith.report.parity import parity_lines
 
 
@@ -29,7 +29,7 @@ def engine_side(tools, files: dict, prompts: list, k: int, max_new_tokens: int, 
                 setups: list[dict] = ()) -> tuple[list, list, dict]:
     """All llama-servers up at once, requests interleaved (the order rotates per prompt) ->
     (speculative replies, target-only replies, {--engine-compare name: replies})."""
-    from draftsmith.export.llamacpp_tools import LlamaServer
+    from draftsmith.export.llamacpp.tools import LlamaServer
 
     ids = [p.reshape(-1).tolist() for p in prompts]
     bound = 2 * len(ids) + 2  # every prompt once per server, plus one warm-up each
@@ -99,7 +99,7 @@ def check_engine_args(args) -> None:
 def engine_files(args, loaded, work: Path) -> dict:
     """The GGUF files to serve: --engine-export DIR, else a fresh --to llama.cpp export into `work`."""
     from draftsmith.core.errors import UserError
-    from draftsmith.export.llamacpp import export_llamacpp, layout_of, read_export_dir
+    from draftsmith.export.llamacpp.layouts import export_llamacpp, layout_of, read_export_dir
 
     if args.engine_export:
         side = read_export_dir(args.engine_export)
@@ -129,8 +129,8 @@ def run(args: EvalOptions) -> int:
     """Run both sides per workload, print the comparison, write the results JSON (`engine` keys)."""
     from draftsmith.checkpoint import load_drafter
     from draftsmith.core.errors import UserError
-    from draftsmith.export.llamacpp import check_k, refusal
-    from draftsmith.export.llamacpp_tools import find_llama_cpp
+    from draftsmith.export.llamacpp.layouts import check_k, refusal
+    from draftsmith.export.llamacpp.tools import find_llama_cpp
 
     check_engine_args(args)
     loaded = load_drafter(args.path, trust_remote_code=args.trust_remote_code)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import sys
 
-from draftsmith.export.common import DTYPES, ExportOptions, ExportValidationError
-from draftsmith.export.llamacpp_tools import GGUF_TYPES
+from draftsmith.export.layout import DTYPES, ExportOptions, ExportValidationError
+from draftsmith.export.llamacpp.tools import GGUF_TYPES
 
 
 def add_arguments(parser) -> None:
@@ -20,7 +20,7 @@ def add_arguments(parser) -> None:
 
     parser.add_argument("checkpoint", help="a draftsmith checkpoint directory, e.g. runs/NAME/final")
     parser.add_argument("--to", required=True, choices=EXPORTERS.names(),
-                        help="engine format (llama.cpp: GGUF files, export/llamacpp.py)")
+                        help="engine format (llama.cpp: GGUF files, export/llamacpp/layouts.py)")
     parser.add_argument("--out", required=True, help="output directory (built elsewhere, moved in when valid)")
     parser.add_argument("--dtype", choices=list(DTYPES), default=None, help="weights dtype (default: the checkpoint's; sglang, trtllm: the target's)")
     parser.add_argument("--num-speculative-tokens", type=int, default=None,

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 from draftsmith.core.errors import UserError
 from draftsmith.core.files import clean_stale_temps, disk_full_guard, temp_dir_beside, terminate_cleanly
-from draftsmith.export.common import CONFIG_FILE, SIDECAR_FILE, WEIGHTS_FILE, ExportFiles, ExportOptions
+from draftsmith.export.layout import CONFIG_FILE, SIDECAR_FILE, WEIGHTS_FILE, ExportFiles, ExportOptions
 from draftsmith.report.speedup_model import PROFILE_FILE
 
 
@@ -126,7 +126,7 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
     trust_remote_code: run the target's custom code (--trust-remote-code); never taken from the checkpoint."""
     from draftsmith.checkpoint import load_drafter
     from draftsmith.export import engine_versions
-    from draftsmith.export.common import EXPORTERS
+    from draftsmith.export.layout import EXPORTERS
     from draftsmith.export.options import refuse_format_options, refuse_layout_options
     from draftsmith.export.support import can_export
 

@@ -10,7 +10,7 @@ import torch
 
 from draftsmith.core.errors import UserError
 from draftsmith.export import validate as validation
-from draftsmith.export.common import ExportFiles, ExportOptions, Layout, TensorSpec, layouts, not_taken, num_tokens
+from draftsmith.export.layout import ExportFiles, ExportOptions, Layout, TensorSpec, layouts, not_taken, num_tokens
 
 
 class Exporter:
@@ -26,6 +26,9 @@ class Exporter:
     checked_in_process: ClassVar[bool] = True
     # the checkpoint's speedup_profile.json is copied beside the export and its recommended k applied
     copies_profile: ClassVar[bool] = True
+    # the engine's `draftsmith doctor` reader (a module or object with PROGRAM, ENGINE, PACKAGE, recognises, read,
+    # expected, check, config_command), or None when doctor has no reader for this format's engine
+    doctor: ClassVar[object] = None
 
     @property
     def kinds(self) -> tuple[str, ...]:

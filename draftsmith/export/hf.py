@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from draftsmith.core.errors import UserError
-from draftsmith.export.common import (
+from draftsmith.export.exporter import Exporter
+from draftsmith.export.layout import (
     EXPORTERS,
     SIDECAR_FILE,
     ExportFiles,
@@ -34,7 +35,6 @@ from draftsmith.export.common import (
     sidecar,
     verifier_name,
 )
-from draftsmith.export.exporter import Exporter
 
 
 class _HFDraft:
@@ -68,7 +68,7 @@ class HFExporter(Exporter):
 
 
 @layouts("hf").register("draft_lm")
-class DraftLMLayout(Layout):
+class HFDraftLMLayout(Layout):
     """A whole Hugging Face model directory (DraftLMDrafter.save_hf)."""
 
     def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:

@@ -3,7 +3,7 @@ them in one line naming who reads them (found from the registries: Exporter.own_
 from __future__ import annotations
 
 from draftsmith.core.errors import UserError
-from draftsmith.export.common import EXPORTERS, ExportOptions, layouts
+from draftsmith.export.layout import EXPORTERS, ExportOptions, layouts
 
 # ExportOptions field -> (its flag, whether `opts` sets it, what it is for)
 FLAGS = {

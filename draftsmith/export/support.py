@@ -2,7 +2,7 @@
 and if not, why": can_export. `draftsmith export`, inspect, ls and the architecture matrix all ask it. Its
 inputs, each registered where the fact lives:
   - the format's layouts, registered per kind in the format's file (common.layouts); none: the format's
-    one-line refusal (engine_gaps.REFUSED: an engine's draft format draftsmith does not write yet, or a
+    one-line refusal (layout.REFUSED: an engine's draft format draftsmith does not write yet, or a
     drafter the engine does not have), else the generic one (common.not_taken);
   - the engine releases that serve the kind (engine_versions.SERVING, per (engine, kind));
   - for a target config: the kind's own refusals (heads.refusals: rope, an unreadable config) and the
@@ -13,7 +13,7 @@ from __future__ import annotations
 from draftsmith import heads
 from draftsmith.core.errors import UserError
 from draftsmith.export import engine_versions
-from draftsmith.export.common import EXPORTERS, layouts, not_taken
+from draftsmith.export.layout import EXPORTERS, layouts, not_taken
 
 
 def can_export(kind: str, fmt: str, engine_version: str | None = None, target_config=None) -> list[str]:
@@ -52,3 +52,5 @@ def refusals(config, kind: str, fmt: str | None = None) -> list[str]:
     if fmt is None:
         return heads.refusals(config, kind)
     return can_export(kind, fmt, None, config)
+
+

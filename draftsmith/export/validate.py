@@ -24,7 +24,7 @@ import torch
 
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.data import draft_vocab
-from draftsmith.export.common import (
+from draftsmith.export.layout import (
     ExportOptions,
     ExportValidationError,
     TensorSpec,

@@ -14,8 +14,8 @@ import yaml
 from draftsmith import checkpoint
 from draftsmith.cli import main as cli_main
 from draftsmith.export import EXPORTERS, can_export, engine_versions, export
-from draftsmith.export.common import ExportOptions, layouts
-from draftsmith.export.doctor import diagnose, prediction
+from draftsmith.export.doctor.run import diagnose, prediction
+from draftsmith.export.layout import ExportOptions, layouts
 from draftsmith.heads import DRAFTERS
 from tests.export.conftest import make_checkpoint
 
@@ -37,7 +37,7 @@ PAIRS = [(kind, fmt, newest_release(kind, fmt)[1]) for kind in DRAFTERS.names() 
 def llamacpp_dry_export(loaded, out: Path, monkeypatch) -> None:
     """The llama.cpp sidecar and serve command as `export --to llama.cpp` writes them, without llama.cpp's binaries
     (the converter and llama-server are not run: doctor reads the sidecar and the command only)."""
-    from draftsmith.export import llamacpp_tools
+    from draftsmith.export.llamacpp import tools as llamacpp_tools
 
     monkeypatch.setattr(llamacpp_tools, "find_llama_cpp",
                         lambda: SimpleNamespace(server=Path("/opt/llama.cpp/bin/llama-server"), version=lambda: "test"))

@@ -25,7 +25,8 @@ def ckpt(tmp_path_factory):
 
 def _no_llama_cpp(monkeypatch):
     """The engine side without llama.cpp: found tools, a served kind, and replies of a server without drafts."""
-    from draftsmith.export import llamacpp, llamacpp_tools
+    from draftsmith.export.llamacpp import layouts as llamacpp
+    from draftsmith.export.llamacpp import tools as llamacpp_tools
 
     tools = SimpleNamespace(server="llama-server", version=lambda: "stand-in")
     monkeypatch.setattr(llamacpp_tools, "find_llama_cpp", lambda: tools)

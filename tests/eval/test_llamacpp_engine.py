@@ -10,9 +10,9 @@ import pytest
 from draftsmith.eval import engine
 from draftsmith.eval.loop import Generation, RoundStats
 from draftsmith.eval.metrics import request_metrics
-from draftsmith.export import llamacpp
-from draftsmith.export.llamacpp_convert import gpt2_byte_level
-from draftsmith.export.llamacpp_tools import LlamaCppMissing, find_llama_cpp
+from draftsmith.export.llamacpp import layouts as llamacpp
+from draftsmith.export.llamacpp.convert import gpt2_byte_level
+from draftsmith.export.llamacpp.tools import LlamaCppMissing, find_llama_cpp
 
 
 def fake_loaded(kind="eagle3", model_type="llama", aux=(1, 2, 4), act="silu", **cfg):
@@ -79,7 +79,7 @@ def test_target_gguf_is_refused_for_other_formats(tmp_path, capsys):
 
 
 def test_a_q4_0_draft_without_llama_quantize_names_the_install(tmp_path):
-    from draftsmith.export.llamacpp_tools import LlamaCppTools, write_draft
+    from draftsmith.export.llamacpp.tools import LlamaCppTools, write_draft
 
     tools = LlamaCppTools(server=tmp_path / "bin" / "llama-server", converter=tmp_path / "convert_hf_to_gguf.py")
     with pytest.raises(LlamaCppMissing, match="llama-quantize not found .*scripts/install_llama_cpp.sh"):
@@ -221,7 +221,7 @@ def test_a_compared_proposer_is_counted_against_the_same_target_only_replies():
 
 
 def test_llama_server_command_for_a_draftless_proposer_and_a_chain(tmp_path):
-    from draftsmith.export.llamacpp_tools import LlamaCppTools, LlamaServer
+    from draftsmith.export.llamacpp.tools import LlamaCppTools, LlamaServer
 
     tools = LlamaCppTools(server=tmp_path / "llama-server", converter=tmp_path / "convert_hf_to_gguf.py")
     ngram = LlamaServer(tools, tmp_path / "t.gguf", spec_type="ngram-mod", k=3).command()

@@ -65,7 +65,7 @@ def eagle3_loaded(eagle3_ckpt):
 def tools():
     """llama.cpp's tools (scripts/install_llama_cpp.sh) for the llama-server round trips: skipped without them,
     failed instead under DRAFTSMITH_REQUIRE_LLAMA_CPP=1 (set by .ci/run after the build succeeded)."""
-    from draftsmith.export.llamacpp_tools import LlamaCppMissing, find_llama_cpp
+    from draftsmith.export.llamacpp.tools import LlamaCppMissing, find_llama_cpp
 
     try:
         return find_llama_cpp()

@@ -52,7 +52,7 @@ def ckpts(tmp_path_factory):
 @pytest.fixture(scope="module")
 def exported(ckpts, tmp_path_factory):
     from draftsmith.export import export
-    from draftsmith.export.common import ExportOptions
+    from draftsmith.export.layout import ExportOptions
 
     root = tmp_path_factory.mktemp("exports")
     out = {}

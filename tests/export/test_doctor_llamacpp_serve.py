@@ -60,7 +60,7 @@ def chat_prompts(ckpt: Path) -> list[list[int]]:
 def served_command(tools, flags: list[str], max_requests: int):
     """A llama-server command line as a user wrote it (`flags`: the words after the program), run by this
     build's llama-server on 127.0.0.1:<free port>: its --host / --port are replaced, nothing else is changed."""
-    from draftsmith.export.llamacpp_tools import LlamaServer
+    from draftsmith.export.llamacpp.tools import LlamaServer
 
     class ServedCommand(LlamaServer):
         def command(self) -> list[str]:
@@ -84,7 +84,7 @@ def without_address(flags: list[str]) -> list[str]:
 
 
 def test_a_served_command_keeps_the_users_flags_and_runs_this_build(tmp_path):
-    from draftsmith.export.llamacpp_tools import LlamaCppTools
+    from draftsmith.export.llamacpp.tools import LlamaCppTools
 
     tools = LlamaCppTools(server=tmp_path / "llama-server", converter=tmp_path / "convert_hf_to_gguf.py")
     flags = ["-m", "t.gguf", "--host", "0.0.0.0", "-md", "d.gguf", "--port=9999", "--spec-draft-n-max", "1", "-t", "2"]
@@ -105,9 +105,9 @@ def served(server, prompts: list[list[int]]) -> dict:
 
 def test_doctor_predicts_the_tau_drop_llama_server_shows(tools, tmp_path, monkeypatch):
     from draftsmith.cli import main
-    from draftsmith.export.doctor import prediction
-    from draftsmith.export.llamacpp import read_export_dir
-    from draftsmith.export.llamacpp_tools import LlamaServer
+    from draftsmith.export.doctor.run import prediction
+    from draftsmith.export.llamacpp.layouts import read_export_dir
+    from draftsmith.export.llamacpp.tools import LlamaServer
 
     ckpt = train_dflash2(tmp_path, monkeypatch)
     out = tmp_path / "gguf"

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from draftsmith.export import export
-from draftsmith.export.common import ExportOptions
+from draftsmith.export.layout import ExportOptions
 
 LAYER = ["hidden_norm.weight", "input_layernorm.weight", "post_attention_layernorm.weight",
          "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",

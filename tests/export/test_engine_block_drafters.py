@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from draftsmith import checkpoint
 from draftsmith.export import export
-from draftsmith.export.common import EXPORTERS, ExportOptions, ExportValidationError
+from draftsmith.export.layout import EXPORTERS, ExportOptions, ExportValidationError
 from draftsmith.export.validate import validate_export
 
 CASES = {

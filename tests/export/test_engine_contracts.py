@@ -21,9 +21,9 @@ from safetensors.torch import load_file, save_file
 
 from draftsmith import checkpoint
 from draftsmith.export import EXPORTERS, export
-from draftsmith.export.common import ExportOptions, ExportValidationError
+from draftsmith.export.layout import ExportOptions, ExportValidationError
 from draftsmith.export.validate import validate_export
-from draftsmith.export.vllm_parallel import speculative_tokens
+from draftsmith.export.vllm.parallel import speculative_tokens
 from draftsmith.report.speedup_model import PROFILE_FILE, PROFILE_SCHEMA
 
 

@@ -11,7 +11,7 @@ from conftest import make_checkpoint
 
 from draftsmith import checkpoint
 from draftsmith.export import EXPORTERS, engine_versions, export, refusals
-from draftsmith.export.common import ExportOptions, layouts
+from draftsmith.export.layout import ExportOptions, layouts
 from draftsmith.heads import DRAFTERS
 
 

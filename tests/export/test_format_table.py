@@ -19,10 +19,10 @@ from safetensors.torch import load_file
 from draftsmith.cli import main as cli_main
 from draftsmith.core.errors import UserError
 from draftsmith.core.registry import Registry
-from draftsmith.export import EXPORTERS, can_export, engine_versions, export, formats_for, llamacpp_tools
-from draftsmith.export.common import LAYOUTS, ExportFiles, ExportOptions, Layout, cast_floats, layouts, sidecar
-from draftsmith.export.engine_gaps import REFUSED
+from draftsmith.export import EXPORTERS, can_export, engine_versions, export, formats_for
 from draftsmith.export.exporter import Exporter
+from draftsmith.export.layout import LAYOUTS, REFUSED, ExportFiles, ExportOptions, Layout, cast_floats, layouts, sidecar
+from draftsmith.export.llamacpp import tools as llamacpp_tools
 from draftsmith.heads import DRAFTERS
 from draftsmith.testing import arch_target
 

@@ -10,7 +10,8 @@ import torch
 
 from draftsmith.commands.eval_engine import apply_engine_rules
 from draftsmith.core.errors import UserError
-from draftsmith.export import llamacpp, llamacpp_block
+from draftsmith.export.llamacpp import block as llamacpp_block
+from draftsmith.export.llamacpp import layouts as llamacpp
 from draftsmith.heads import DRAFTERS
 from draftsmith.testing import arch_target, tiny_target
 

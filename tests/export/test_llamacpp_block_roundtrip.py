@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def target_gguf(tools, tmp_path_factory):
     """pycode-tiny's GGUF, converted once for both kinds (each export then takes --target-gguf)."""
-    from draftsmith.export.llamacpp_tools import convert
+    from draftsmith.export.llamacpp.tools import convert
     from draftsmith.targets.load import resolve_path
 
     return convert(tools, Path(resolve_path("builtin:pycode-tiny")), tmp_path_factory.mktemp("t") / "target.gguf")
@@ -52,7 +52,7 @@ def test_block_drafter_train_export_serve_round_trip(kind, tools, target_gguf, t
 
     from draftsmith.checkpoint import load_drafter
     from draftsmith.cli import main
-    from draftsmith.export.llamacpp_block import block_drafts, gguf_block_problems
+    from draftsmith.export.llamacpp.block import block_drafts, gguf_block_problems
 
     ckpt = train_tiny(kind, tmp_path)
     drafter = load_drafter(ckpt, device="cpu").drafter

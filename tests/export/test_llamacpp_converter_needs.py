@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith.export.llamacpp_tools import LlamaCppError, LlamaCppTools, convert
+from draftsmith.export.llamacpp.tools import LlamaCppError, LlamaCppTools, convert
 
 
 def _converter(root: Path, body: str) -> Path:

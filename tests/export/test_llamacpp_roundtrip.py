@@ -65,7 +65,7 @@ def test_train_export_serve_round_trip(trained, tools, tmp_path, capsys):
 
 def test_the_server_is_stopped_after_an_error(tools, trained, tmp_path):
     """A failing request inside the block still stops llama-server (its port is free again)."""
-    from draftsmith.export.llamacpp_tools import LlamaCppError, LlamaServer, convert
+    from draftsmith.export.llamacpp.tools import LlamaCppError, LlamaServer, convert
     from draftsmith.targets.load import resolve_path
 
     gguf = convert(tools, Path(resolve_path("builtin:pycode-tiny")), tmp_path / "t.gguf")

@@ -9,7 +9,7 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from draftsmith.export.llamacpp_vocab import adopt_vocabulary, tokenizer_fields  # noqa: E402
+from draftsmith.export.llamacpp.vocab import adopt_vocabulary, tokenizer_fields  # noqa: E402
 
 
 def write(path, model: str, pre: str, tokens: list[str], tensors: dict, extra: dict | None = None):
@@ -72,7 +72,7 @@ def test_a_gguf_target_is_served_from_its_own_file(tmp_path):
     directory"): the export now serves the target's own GGUF and converts only an HF directory."""
     from types import SimpleNamespace
 
-    from draftsmith.export.llamacpp import served_target
+    from draftsmith.export.llamacpp.layouts import served_target
 
     own = tmp_path / "gemma-3-270m-q4_k_m.gguf"
     gguf_target = SimpleNamespace(target=SimpleNamespace(gguf_file=str(own)))

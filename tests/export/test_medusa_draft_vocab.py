@@ -124,7 +124,7 @@ def test_draft_vocab_size_range_is_reported():
 def test_checkpoint_keeps_the_draft_vocabulary_and_vllm_0_27_refuses_per_head_heads(tmp_path):
     from draftsmith import checkpoint
     from draftsmith.export import export
-    from draftsmith.export.common import ExportOptions
+    from draftsmith.export.layout import ExportOptions
     from tests.export.conftest import make_checkpoint
 
     path = make_checkpoint(tmp_path, "medusa", {"num_heads": 2, "num_layers": 1, "draft_vocab_size": DV})

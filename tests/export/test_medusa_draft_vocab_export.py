@@ -1,5 +1,5 @@
 """vLLM export of a Medusa drafter over a draft vocabulary (drafter.draft_vocab_size): truncated_vocab_size and
-token_map as vLLM's Medusa loader reads them (export/medusa_vocab.py names the lines of vllm 0.9.2 / 0.20.0 /
+token_map as vLLM's Medusa loader reads them (export/vllm/medusa_vocab.py names the lines of vllm 0.9.2 / 0.20.0 /
 0.27.0), per-head heads for 0.9.2, one shared head (original_lm_head) for frozen projections, the refusal where
 vLLM's loader would assert, one planted fault per gate check, and vLLM's token_map logits mapping written out by
 hand on the exported tensors against draftsmith's own proposer."""
@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from draftsmith import checkpoint
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.export import EXPORTERS, export
-from draftsmith.export.common import ExportOptions, ExportValidationError
+from draftsmith.export.layout import ExportOptions, ExportValidationError
 from draftsmith.export.validate import validate_export
 from tests.export.tamper import tampered_copy
 

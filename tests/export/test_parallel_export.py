@@ -13,7 +13,7 @@ from test_speculators_load import speculators
 
 from draftsmith import checkpoint
 from draftsmith.export import export
-from draftsmith.export.common import ExportOptions
+from draftsmith.export.layout import ExportOptions
 
 CASES = {
     "dflash": ("dflash", {"block_size": 4, "num_layers": 2, "draft_vocab_size": 100}),

@@ -72,7 +72,7 @@ def test_two_steps_export_quantized_and_serve_identically(kind, smollm2, tools, 
 
     from draftsmith.cli import main
     from draftsmith.config import TargetConfig
-    from draftsmith.export.llamacpp_tools import LlamaServer
+    from draftsmith.export.llamacpp.tools import LlamaServer
     from draftsmith.targets.load import from_config
 
     gguf_type, tensor_type = CASES[kind]
@@ -89,7 +89,7 @@ def test_two_steps_export_quantized_and_serve_identically(kind, smollm2, tools, 
     assert tensor_type in types.values(), types  # the converter (q8_0) or llama-quantize (q4_0) wrote that type
     if kind == "dflash":  # the trained mask token, aux layers and block survive taking the Q4_1 file's tokenizer
         from draftsmith.checkpoint import load_drafter
-        from draftsmith.export.llamacpp_block import gguf_block_problems
+        from draftsmith.export.llamacpp.block import gguf_block_problems
 
         assert gguf_block_problems(draft, load_drafter(ckpt, device="cpu").drafter) == []
 

@@ -21,7 +21,7 @@ from draftsmith.cli import main as cli_main
 from draftsmith.core.errors import UserError
 from draftsmith.export import export
 from draftsmith.export.api import replace_export_files
-from draftsmith.export.common import ExportOptions, ExportValidationError
+from draftsmith.export.layout import ExportOptions, ExportValidationError
 from tests.export.conftest import make_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from draftsmith.core.errors import UserError
-from draftsmith.export import llamacpp
-from draftsmith.export.common import ExportOptions
-from draftsmith.export.llamacpp_tools import MAX_REPLY_BYTES, LlamaCppError, parse_reply
+from draftsmith.export.layout import ExportOptions
+from draftsmith.export.llamacpp import layouts as llamacpp
+from draftsmith.export.llamacpp.tools import MAX_REPLY_BYTES, LlamaCppError, parse_reply
 from tests.conftest import REPO
 
 # ---------------------------------------------------------------- replies
@@ -59,7 +59,7 @@ FAKE_SERVER = textwrap.dedent('''
 PARENT = textwrap.dedent('''
     import sys, time
     from pathlib import Path
-    from draftsmith.export.llamacpp_tools import LlamaCppTools, LlamaServer
+    from draftsmith.export.llamacpp.tools import LlamaCppTools, LlamaServer
     tools = LlamaCppTools(server=Path(sys.argv[1]), converter=Path(sys.argv[1]))
     with LlamaServer(tools, Path(sys.argv[2])) as srv:
         print(srv.proc.pid, flush=True)

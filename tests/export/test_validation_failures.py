@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from draftsmith.export import EXPORTERS, export
-from draftsmith.export.common import ExportOptions, ExportValidationError
+from draftsmith.export.layout import ExportOptions, ExportValidationError
 from draftsmith.export.validate import validate_export
 from tests.export.tamper import tampered_copy
 

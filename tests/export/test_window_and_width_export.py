@@ -131,7 +131,7 @@ def test_speculators_reads_the_window_and_the_wide_layer(ckpts, tmp_path):
 
 
 def test_llamacpp_refuses_a_windowed_drafter(ckpts):
-    from draftsmith.export.llamacpp import refusal
+    from draftsmith.export.llamacpp.layouts import refusal
 
     msg = refusal(ckpts["eagle3_window"][1])
     assert msg and "drafter.sliding_window=4" in msg and "--to vllm" in msg

@@ -12,7 +12,7 @@ from test_dpace import loop_weights
 
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.eval.loop import LoopConfig, generate
-from draftsmith.export.common import EXPORTERS
+from draftsmith.export.layout import EXPORTERS
 from draftsmith.heads.dflash import DFlashDrafter
 from draftsmith.heads.dflash2 import DFlash2Drafter, DynamicConv, dynamic_conv, training_candidates
 from draftsmith.testing import tiny_target
@@ -248,10 +248,10 @@ def test_engine_formats_refuse_in_one_line_naming_the_pr(fmt, pr):
 
 
 def test_llama_cpp_serves_full_vocab_dflash2_and_refuses_a_reduced_one_in_one_line():
-    """llama.cpp 0.3.36 converts and serves DFlash 2 (export/llamacpp_block.py); its selector reads target ids."""
+    """llama.cpp 0.3.36 converts and serves DFlash 2 (export/llamacpp/block.py); its selector reads target ids."""
     from types import SimpleNamespace
 
-    from draftsmith.export import llamacpp
+    from draftsmith.export.llamacpp import layouts as llamacpp
 
     target, d = make(draft_vocab_size=None, top_k=4)  # 4 * 5 <= hidden 32: the lattice fits one row
     from draftsmith.export import can_export

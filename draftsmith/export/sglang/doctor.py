@@ -15,10 +15,11 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftsmith.export.doctor_args import Command, as_int, read_config_file, scan
-from draftsmith.export.doctor_checks import draft_finding, dtype_finding, release_findings, target_finding
-from draftsmith.export.doctor_contract import Contract, Finding
+from draftsmith.export.doctor.args import Command, as_int, read_config_file, scan
+from draftsmith.export.doctor.checks import draft_finding, dtype_finding, release_findings, target_finding
+from draftsmith.export.doctor.contract import Contract, Finding
 
+PROGRAM = "python -m sglang.launch_server"  # how `draftsmith doctor` names the program it reads
 ENGINE = "SGLang"
 PACKAGE = "sglang"
 LAUNCHER = "sglang.launch_server"

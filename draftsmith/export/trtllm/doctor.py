@@ -1,7 +1,7 @@
 """`draftsmith doctor` for TensorRT-LLM: `trtllm-serve MODEL [--backend pytorch] --extra_llm_api_options FILE`
 (or `--config FILE`), or `doctor --config FILE` with the extra_llm_api_options YAML itself.
 
-Compared with the YAML the export wrote (export/trtllm.py, SERVE_FILE), under `speculative_config`:
+Compared with the YAML the export wrote (export/trtllm/layouts.py, SERVE_FILE), under `speculative_config`:
 decoding_type (the method), max_draft_len (k, by the layout's rule), speculative_model / speculative_model_dir
 (= this export), eagle3_layers_to_capture (the trained aux ids - 1; unset is TensorRT-LLM's default
 {1, L//2 - 1, L - 4}), eagle3_one_model (a note: both modes compute the same draft); the backend (the export is
@@ -13,11 +13,12 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftsmith.export.doctor_args import Command, read_config_file, scan
-from draftsmith.export.doctor_checks import draft_finding, release_findings, target_finding
-from draftsmith.export.doctor_contract import Contract, Finding
-from draftsmith.export.trtllm import SERVE_FILE
+from draftsmith.export.doctor.args import Command, read_config_file, scan
+from draftsmith.export.doctor.checks import draft_finding, release_findings, target_finding
+from draftsmith.export.doctor.contract import Contract, Finding
 
+SERVE_FILE = "extra_llm_api_options.yaml"  # the engine config file the export writes and trtllm-serve reads
+PROGRAM = "trtllm-serve"  # how `draftsmith doctor` names the program it reads
 ENGINE = "TensorRT-LLM"
 PACKAGE = "tensorrt_llm"
 OPTIONS = "--extra_llm_api_options"

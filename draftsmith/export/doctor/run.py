@@ -16,12 +16,21 @@ import importlib.metadata
 from dataclasses import dataclass, field
 
 from draftsmith.core.errors import UserError
-from draftsmith.export import doctor_llamacpp, doctor_sglang, doctor_trtllm, doctor_vllm, engine_versions
-from draftsmith.export.doctor_args import Command, split_command
-from draftsmith.export.doctor_contract import Contract, Finding, read_contract
+from draftsmith.export import engine_versions
+from draftsmith.export.doctor.args import Command, split_command
+from draftsmith.export.doctor.contract import Contract, Finding, read_contract
 
-ENGINES = (doctor_vllm, doctor_sglang, doctor_trtllm, doctor_llamacpp)
-KNOWN_PROGRAMS = "vllm serve, python -m sglang.launch_server, trtllm-serve, llama-server"
+
+def engine_readers() -> tuple:
+    """The engine readers the registered formats declare (Exporter.doctor), each once, in format order."""
+    from draftsmith.export import EXPORTERS
+
+    readers = []
+    for name in EXPORTERS.names():
+        reader = EXPORTERS.get(name).doctor
+        if reader is not None and reader not in readers:
+            readers.append(reader)
+    return tuple(readers)
 
 
 @dataclass
@@ -50,10 +59,12 @@ class Report:
 
 def engine_of(command: Command, source: str):
     """The engine reader that recognises `command`'s program; one UserError line for any other program."""
-    for engine in ENGINES:
+    readers = engine_readers()
+    for engine in readers:
         if engine.recognises(command.argv):
             return engine
-    raise UserError(f"{source}: {command.argv[0][:80]!r} is not an engine doctor reads ({KNOWN_PROGRAMS}); pass the "
+    known = ", ".join(engine.PROGRAM for engine in readers)
+    raise UserError(f"{source}: {command.argv[0][:80]!r} is not an engine doctor reads ({known}); pass the "
                     "engine's own serve command after `--`")
 
 

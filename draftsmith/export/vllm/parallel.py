@@ -31,11 +31,12 @@ from pathlib import Path
 import torch
 
 from draftsmith.core.errors import UserError
-from draftsmith.export.common import (
+from draftsmith.export.eagle_tensors import check_eagle3_aux_count
+from draftsmith.export.layout import (
     DTYPES,
+    REFUSED,
     TensorSpec,
     cast_floats,
-    check_eagle3_aux_count,
     dtype_name,
     kind_of_layout,
     layouts,
@@ -45,10 +46,17 @@ from draftsmith.export.common import (
     window_fields,
     window_problems,
 )
-from draftsmith.export.engine_gaps import REFUSED
-from draftsmith.export.vllm import (
+from draftsmith.export.speculators import (
+    QWEN3_LAYER_KEYS,
+    block_tensor_spec,
+    drafter_weights,
+    dspark_head_problems,
+    full_vocab,
+    speculative_tokens,
+)
+from draftsmith.export.vllm.layouts import (
     SPECULATORS_VERSION,
-    Eagle3Layout,
+    VLLMEagle3Layout,
     VLLMLayout,
     embedding_problems,
     load_plain,
@@ -57,37 +65,13 @@ from draftsmith.export.vllm import (
 
 # vLLM reads z-lab's DFlash 2 checkpoint contract (architectures ["DFlash2DraftModel"], a nested dflash_config),
 # not speculators' flat dflash2 config (speculators' docs/user_guide/algorithms/dflash2.md says so); draftsmith
-# writes that contract only for --to llama.cpp (export/llamacpp_block.py).
+# writes that contract only for --to llama.cpp (export/llamacpp/block.py).
 REFUSED.register("vllm", "dflash2", "vLLM serves DFlash 2 through vllm-project/vllm#52816 (architecture "
                  "DFlash2DraftModel, z-lab's nested dflash_config), a format draftsmith does not write yet")
 
-QWEN3_LAYER_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                    "num_key_value_heads", "head_dim", "rms_norm_eps", "vocab_size", "max_position_embeddings",
-                    "rope_theta", "hidden_act")
-
-
-def speculative_tokens(drafter) -> int:
-    """Tokens one block proposes: block_size - 1 (slot 0 is the anchor) unless sample_from_anchor."""
-    return drafter.block_size - (0 if getattr(drafter, "sample_from_anchor", False) else 1)
-
-
-def full_vocab(drafter) -> bool:
-    return drafter.d2t.shape[0] == drafter.t2d.shape[0]
-
-
-def drafter_weights(tensors: dict[str, torch.Tensor], loaded, keep_embedding: bool = False) -> dict[str, torch.Tensor]:
-    """Export tensors -> the drafter's own state_dict names (full-vocabulary exports carry no d2t/t2d;
-    the embedding is the target's, except P-EAGLE's own)."""
-    weights = {k: v for k, v in tensors.items() if keep_embedding or k != "embed_tokens.weight"}
-    if "d2t" not in weights:
-        V = loaded.target.vocab_size
-        weights["d2t"] = torch.zeros(V, dtype=torch.long)
-        weights["t2d"] = torch.ones(V, dtype=torch.bool)
-    return weights
-
 
 @layouts("vllm").register("dflash")
-class BlockLayout(VLLMLayout):
+class VLLMBlockLayout(VLLMLayout):
     """DFlash: speculators' DFlashSpeculator (see the module docstring). The speculators model type, the
     algorithm and vLLM's method are the kind's name (the kind this layout is registered for)."""
 
@@ -148,33 +132,7 @@ class BlockLayout(VLLMLayout):
                 "speculators_config.proposal_methods", "speculators_config.verifier.name_or_path", "torch_dtype"]
 
     def expected_tensors(self, config: dict) -> dict[str, TensorSpec]:
-        dtype = DTYPES[config["torch_dtype"]]
-        lc = config["transformer_layer_config"]
-        h, inter, d = lc["hidden_size"], lc["intermediate_size"], lc["head_dim"]
-        H, KV, V, dv = lc["num_attention_heads"], lc["num_key_value_heads"], lc["vocab_size"], config["draft_vocab_size"]
-        n_aux = len(config["aux_hidden_state_layer_ids"])
-        spec = {"fc.weight": TensorSpec((h, n_aux * config["target_hidden_size"]), dtype),
-                "hidden_norm.weight": TensorSpec((h,), dtype), "norm.weight": TensorSpec((h,), dtype),
-                "lm_head.weight": TensorSpec((dv, h), dtype), "embed_tokens.weight": TensorSpec((V, h), dtype)}
-        for i in range(lc["num_hidden_layers"]):
-            p = f"layers.{i}."
-            spec.update({
-                p + "input_layernorm.weight": TensorSpec((h,), dtype),
-                p + "post_attention_layernorm.weight": TensorSpec((h,), dtype),
-                p + "self_attn.q_proj.weight": TensorSpec((H * d, h), dtype),
-                p + "self_attn.k_proj.weight": TensorSpec((KV * d, h), dtype),
-                p + "self_attn.v_proj.weight": TensorSpec((KV * d, h), dtype),
-                p + "self_attn.o_proj.weight": TensorSpec((h, H * d), dtype),
-                p + "self_attn.q_norm.weight": TensorSpec((d,), dtype),
-                p + "self_attn.k_norm.weight": TensorSpec((d,), dtype),
-                p + "mlp.gate_proj.weight": TensorSpec((inter, h), dtype),
-                p + "mlp.up_proj.weight": TensorSpec((inter, h), dtype),
-                p + "mlp.down_proj.weight": TensorSpec((h, inter), dtype),
-            })
-        if dv != V:
-            spec["d2t"] = TensorSpec((dv,), torch.int64)
-            spec["t2d"] = TensorSpec((V,), torch.bool)
-        return spec
+        return block_tensor_spec(config)
 
     def llama_fields(self, config: dict) -> dict | None:
         return config.get("transformer_layer_config")
@@ -245,7 +203,7 @@ def dspark_options_for_release(opts, version: str | None):
 
 
 @layouts("vllm").register("dspark")
-class DSparkLayout(BlockLayout):
+class VLLMDSparkLayout(VLLMBlockLayout):
     """DSpark: the block layout plus its Markov head and confidence head (speculators' DSparkSpeculator); served with
     vLLM's adaptive verification unless --no-adaptive-verification (see dspark_serve_fields)."""
 
@@ -292,21 +250,6 @@ class DSparkLayout(BlockLayout):
                                                                                                  loaded.drafter)
 
 
-def dspark_head_problems(config: dict, tensors: dict, drafter) -> list[str]:
-    """What vLLM's qwen3_dspark.py reads of the two heads: a config that drops the confidence head or sizes either
-    head otherwise than trained, or head tensors that are not the trained ones."""
-    want = {"enable_confidence_head": True, "confidence_head_with_markov": True, "markov_head_type": "vanilla",
-            "markov_rank": drafter.cfg.markov_rank}
-    problems = [f"config.json: {key} is {config.get(key)!r}, must be {value!r} (vLLM's qwen3_dspark.py builds the "
-                "heads from it; without enable_confidence_head it drops the trained confidence head silently)"
-                for key, value in want.items() if config.get(key) != value]
-    trained = drafter.state_dict()
-    for name in ("confidence_head.proj.weight", "confidence_head.proj.bias", "markov_head.markov_w2.weight"):
-        if name in tensors and not torch.equal(tensors[name], trained[name].detach().cpu().to(tensors[name].dtype)):
-            problems.append(f"model.safetensors: {name} differs from the trained drafter's")
-    return problems
-
-
 # --------------------------------------------------------------------------- P-EAGLE
 # speculators.models.peagle: the EAGLE-3 layout (config keys, layers.0.*) plus speculators_model_type
 # "peagle", architectures ["PEagleSpeculator"], mask_token_id, embed_requires_grad true, and tensors
@@ -314,14 +257,14 @@ def dspark_head_problems(config: dict, tensors: dict, drafter) -> list[str]:
 # serves P-EAGLE as {"method": "eagle3", "parallel_drafting": true} (0.27 and 0.33; 0.20 has no P-EAGLE):
 # without a method vLLM picks draft_model and parallel_drafting stays off.
 @layouts("vllm").register("peagle")
-class PEagleLayout(Eagle3Layout):
+class PEagleLayout(VLLMEagle3Layout):
     serve_fields = {"parallel_drafting": True}
     limit_option = "num_depths"
 
     @property
     def method(self) -> str:
-        """vLLM serves P-EAGLE through its EAGLE-3 method (the kind Eagle3Layout is registered for)."""
-        return kind_of_layout(self.name, Eagle3Layout)
+        """vLLM serves P-EAGLE through its EAGLE-3 method (the kind VLLMEagle3Layout is registered for)."""
+        return kind_of_layout(self.name, VLLMEagle3Layout)
     carries_vocab_map = False
 
     def default_k(self, drafter) -> int:
@@ -331,7 +274,7 @@ class PEagleLayout(Eagle3Layout):
         d = loaded.drafter
         check_eagle3_aux_count(d.aux_layer_ids, "vLLM")
         eagle3_config = super().files(loaded, dtype, k, opts)[0]
-        # speculators_model_type and the algorithm are already this kind's (Eagle3Layout writes self.kind)
+        # speculators_model_type and the algorithm are already this kind's (VLLMEagle3Layout writes self.kind)
         config = {**eagle3_config, "architectures": ["PEagleSpeculator"],
                   "mask_token_id": d.mask_token_id, "embed_requires_grad": bool(d.cfg.train_embedding)}
         tensors = cast_floats(d.state_dict_for_export(), dtype)

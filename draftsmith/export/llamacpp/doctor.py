@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftsmith.core.errors import UserError
-from draftsmith.export.doctor_args import Command, as_float, as_int, scan
-from draftsmith.export.doctor_checks import draft_finding, release_findings, same_path
-from draftsmith.export.doctor_contract import Contract, Finding
+from draftsmith.export.doctor.args import Command, as_float, as_int, scan
+from draftsmith.export.doctor.checks import draft_finding, release_findings, same_path
+from draftsmith.export.doctor.contract import Contract, Finding
 
+PROGRAM = "llama-server"  # how `draftsmith doctor` names the program it reads
 ENGINE = "llama.cpp"
 PACKAGE = None  # llama-server is a binary: no installed release to read
 DEFAULT_N_MAX, DEFAULT_P_MIN = 3, 0.0  # common/common.h of the pinned llama.cpp

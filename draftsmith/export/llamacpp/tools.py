@@ -2,7 +2,7 @@
 converter (convert_hf_to_gguf.py), and run `llama-server` on 127.0.0.1 for a bounded number of
 requests, always stopping it (a context manager; SIGINT and errors included).
 
-    from draftsmith.export.llamacpp_tools import find_llama_cpp, LlamaServer
+    from draftsmith.export.llamacpp.tools import find_llama_cpp, LlamaServer
     tools = find_llama_cpp()                          # raises LlamaCppMissing with the install command
     with LlamaServer(tools, "target.gguf", draft="draft-eagle3.gguf", spec_type="draft-eagle3", k=3) as srv:
         reply = srv.complete([1, 403, 9], max_tokens=32)   # greedy, EOS ignored
@@ -97,8 +97,8 @@ def find_llama_cpp() -> LlamaCppTools:
 def convert(tools: LlamaCppTools, model_dir: Path, outfile: Path, outtype: str = "f32",
             target_dir: Path | None = None, timeout_s: float = 900.0) -> Path:
     """Run llama.cpp's convert_hf_to_gguf.py on an HF / speculators directory (through
-    draftsmith/export/llamacpp_convert.py, which only adds a pre-tokenizer fallback) -> outfile."""
-    cmd = [sys.executable, "-m", "draftsmith.export.llamacpp_convert", str(tools.converter), str(model_dir),
+    draftsmith/export/llamacpp/convert.py, which only adds a pre-tokenizer fallback) -> outfile."""
+    cmd = [sys.executable, "-m", "draftsmith.export.llamacpp.convert", str(tools.converter), str(model_dir),
            "--outfile", str(outfile), "--outtype", outtype]
     if target_dir is not None:
         cmd += ["--target-model-dir", str(target_dir)]

@@ -4,11 +4,11 @@
 
 What is compared with the export's own serve command (what the export was validated for):
   method and the fields that change what the draft computes (parallel_drafting, enable_adaptive_verification,
-  dspark_draft_topk, quantization); num_speculative_tokens by the layout's k rule (export/doctor_contract.py;
+  dspark_draft_topk, quantization); num_speculative_tokens by the layout's k rule (export/doctor/contract.py;
   unset is the speculators config's `speculative_tokens`, which the export wrote); model = this export;
   the target = the fingerprinted verifier; --dtype; VLLM_USE_V1; the release (engine_versions; DSpark's
   adaptive-verification fields need vLLM >= 0.28.0; per-head Medusa heads over a draft vocabulary load in
-  0.9.2 only, export/medusa_vocab.py).
+  0.9.2 only, export/vllm/medusa_vocab.py).
 """
 from __future__ import annotations
 
@@ -17,9 +17,8 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftsmith.export import medusa_vocab
-from draftsmith.export.doctor_args import Command, load_json_object, read_config_file, scan
-from draftsmith.export.doctor_checks import (
+from draftsmith.export.doctor.args import Command, load_json_object, read_config_file, scan
+from draftsmith.export.doctor.checks import (
     draft_finding,
     dtype_finding,
     env_findings,
@@ -27,8 +26,10 @@ from draftsmith.export.doctor_checks import (
     target_finding,
     version_tuple,
 )
-from draftsmith.export.doctor_contract import Contract, Finding
+from draftsmith.export.doctor.contract import Contract, Finding
+from draftsmith.export.vllm import medusa_vocab
 
+PROGRAM = "vllm serve"  # how `draftsmith doctor` names the program it reads
 ENGINE = "vLLM"
 PACKAGE = "vllm"  # importlib.metadata name: the installed release, when doctor runs where vLLM is
 API_SERVER = "vllm.entrypoints.openai.api_server"

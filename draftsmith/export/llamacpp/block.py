@@ -52,8 +52,8 @@ from typing import ClassVar
 import torch
 
 from draftsmith.core.errors import UserError
-from draftsmith.export.common import kind_of_layout, layouts, llama_fields, target_rope
-from draftsmith.export.llamacpp import FORMAT, LlamaCppLayout, layout_of
+from draftsmith.export.layout import kind_of_layout, layouts, llama_fields, target_rope
+from draftsmith.export.llamacpp.layouts import FORMAT, LlamaCppLayout, layout_of
 
 
 def block_drafts(drafter) -> int:
@@ -65,7 +65,7 @@ def full_vocab(drafter) -> bool:
     return drafter.d2t.shape[0] == drafter.t2d.shape[0]
 
 
-class BlockLayout(LlamaCppLayout):
+class LlamaCppBlockLayout(LlamaCppLayout):
     """What the block drafters share in llama.cpp: one graph (arch "dflash"), SiLU, plain rope, one whole block."""
 
     def refusals(self, target_config) -> list[str]:
@@ -109,7 +109,7 @@ class BlockLayout(LlamaCppLayout):
 
 
 @layouts(FORMAT).register("dflash")
-class DFlashLayout(BlockLayout):
+class LlamaCppDFlashLayout(LlamaCppBlockLayout):
     """z-lab's DFlashDraftModel layout (converter class DFlashModel)."""
 
     title = "DFlash"
@@ -133,7 +133,7 @@ class DFlashLayout(BlockLayout):
 
 
 @layouts(FORMAT).register("dflash2")
-class DFlash2Layout(DFlashLayout):
+class LlamaCppDFlash2Layout(LlamaCppDFlashLayout):
     """z-lab's DFlash2DraftModel layout (the same converter class): DFlash's plus the conv and selector fields.
     Served as draft-dflash: common/speculative.cpp walks the selector when the GGUF has selector_top_k (uncut at
     llama.cpp's default --spec-draft-p-min 0, as draftsmith's walk)."""
@@ -143,7 +143,7 @@ class DFlash2Layout(DFlashLayout):
 
     @property
     def spec_type(self) -> str:
-        return f"draft-{kind_of_layout(self.name, DFlashLayout)}"
+        return f"draft-{kind_of_layout(self.name, LlamaCppDFlashLayout)}"
 
     def vocab_refusal(self, d) -> str | None:
         return dflash2_refusal(d)
@@ -155,7 +155,7 @@ class DFlash2Layout(DFlashLayout):
 
 
 @layouts(FORMAT).register("dspark")
-class DSparkLayout(BlockLayout):
+class LlamaCppDSparkLayout(LlamaCppBlockLayout):
     """speculators' DSparkSpeculator layout (converter class DSparkModel)."""
 
     title = "DSpark"

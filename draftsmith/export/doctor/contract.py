@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 from draftsmith.core.errors import UserError
 from draftsmith.core.files import read_json_object
-from draftsmith.export.common import CONFIG_FILE, EXPORTERS, SIDECAR_FILE, layouts
+from draftsmith.export.layout import CONFIG_FILE, EXPORTERS, SIDECAR_FILE, layouts
 from draftsmith.heads import DRAFTERS
 
 

@@ -34,24 +34,29 @@ from pathlib import Path
 import torch
 
 from draftsmith.data import draft_vocab
-from draftsmith.export.common import (
-    DTYPES,
-    EXPORTERS,
-    ExportFiles,
-    ExportOptions,
-    Layout,
-    TensorSpec,
+from draftsmith.export.eagle_tensors import (
     check_eagle3_aux_count,
     eagle3_from_weights,
     eagle3_norm_fields,
     eagle3_norm_problems,
     eagle3_tensor_spec,
     eagle3_weights,
+    output_id_refusals,
+    output_of_layer_ids,
+)
+from draftsmith.export.exporter import Exporter
+from draftsmith.export.layout import (
+    DTYPES,
+    EXPORTERS,
+    LLAMA_KEYS,
+    REFUSED,
+    ExportFiles,
+    ExportOptions,
+    Layout,
+    TensorSpec,
     layouts,
     llama_fields,
     num_tokens,
-    output_id_refusals,
-    output_of_layer_ids,
     read_export,
     refuse_window,
     rename,
@@ -60,11 +65,9 @@ from draftsmith.export.common import (
     verifier_name,
     yaml_scalar,
 )
-from draftsmith.export.engine_gaps import REFUSED
-from draftsmith.export.exporter import Exporter
-from draftsmith.export.sglang import LLAMA_KEYS
+from draftsmith.export.trtllm import doctor as trtllm_doctor
+from draftsmith.export.trtllm.doctor import SERVE_FILE
 
-SERVE_FILE = "extra_llm_api_options.yaml"
 _PRERELEASE = ("TensorRT-LLM's {name} drafter ({config}, tensorrt_llm/_torch/speculative/{file}) exists only in the "
                "1.3.0rc / 1.4.0rc pre-releases, not in the stable 1.2.x, so draftsmith has no released loader to check "
                "the export against; export it with {{fits}}")
@@ -83,10 +86,11 @@ EAGLE_CONFIG_KEYS = [
 class TRTLLMExporter(Exporter):
     name = "trtllm"
     engine = "TensorRT-LLM"
+    doctor = trtllm_doctor
 
 
 @layouts("trtllm").register("eagle3")
-class Eagle3Layout(Layout):
+class TRTLLMEagle3Layout(Layout):
     carries_vocab_map = True
 
     def refusals(self, target_config) -> list[str]:

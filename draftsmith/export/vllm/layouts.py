@@ -16,7 +16,7 @@ Medusa (vllm/model_executor/models/medusa.py): model_type "medusa", num_heads, n
   bias-free and drops the trained biases silently); tensors blocks.{i}.layers.{j}.weight/.bias, lm_heads.{i}.weight.
   A draft vocabulary (drafter.draft_vocab_size = T): truncated_vocab_size T, lm_heads.{i} [T, h] and token_map
   [T] int64 (the draft ids); per-head heads load in vLLM 0.9.2 only, one shared head (original_lm_head, frozen
-  projections) in 0.9.2, 0.20 and 0.27: export/medusa_vocab.py says where in vLLM's loader each fact was read.
+  projections) in 0.9.2, 0.20 and 0.27: export/vllm/medusa_vocab.py says where in vLLM's loader each fact was read.
   No num_lookahead_tokens key: vLLM's MedusaConfig maps it onto num_heads, and vLLM sets it to
   num_speculative_tokens, so K must be <= num_heads (more would build heads that no tensor fills).
   Medusa-2 (lora: true): the heads go to model.safetensors, the peft adapter to adapter/; the heads read
@@ -25,36 +25,38 @@ MLP speculator (vllm/model_executor/models/mlp_speculator.py): model_type "mlp_s
   inner_dim, n_predict, top_k_tokens_per_head, n_candidates, tie_weights, scale_input; tensors emb.{i},
   proj.{i}, head.{i}, ln.{i} (a tied model stores emb.0, proj.0, proj.1, head.0, ln.0). vLLM builds
   num_lookahead_tokens (= num_speculative_tokens) stages, so K must be <= n_predict.
-DFlash / DSpark (block drafters), P-EAGLE: the speculators layouts in export/vllm_parallel.py; K <= one block's drafts.
+DFlash / DSpark (block drafters), P-EAGLE: the speculators layouts in export/vllm/parallel.py; K <= one block's drafts.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import shlex
 from pathlib import Path
 
 import torch
 
-from draftsmith import config as config_mod
 from draftsmith.core.errors import UserError
 from draftsmith.core.files import read_json_object
-from draftsmith.export import engine_versions, medusa_vocab
-from draftsmith.export.common import (
+from draftsmith.export import engine_versions
+from draftsmith.export.eagle_tensors import (
+    check_eagle3_aux_count,
+    eagle3_from_weights,
+    eagle3_norm_problems,
+    eagle3_tensor_spec,
+    eagle3_weights,
+)
+from draftsmith.export.exporter import Exporter
+from draftsmith.export.layout import (
     DTYPES,
     EXPORTERS,
+    LLAMA_KEYS,
     SIDECAR_FILE,
     ExportFiles,
     ExportOptions,
     Layout,
     TensorSpec,
     cast_floats,
-    check_eagle3_aux_count,
     dtype_name,
-    eagle3_from_weights,
-    eagle3_norm_problems,
-    eagle3_tensor_spec,
-    eagle3_weights,
     export_dtype,
     layouts,
     llama_fields,
@@ -66,10 +68,16 @@ from draftsmith.export.common import (
     window_fields,
     window_problems,
 )
-from draftsmith.export.exporter import Exporter
-from draftsmith.export.sglang import LLAMA_KEYS
+from draftsmith.export.speculators import (
+    SPECULATORS_VERSION,
+    embedding_problems,
+    load_plain,
+    proposal_problems,
+    speculators_config,
+)
+from draftsmith.export.vllm import doctor as vllm_doctor
+from draftsmith.export.vllm import medusa_vocab
 
-SPECULATORS_VERSION = "0.9.0"  # the speculators release whose loader this format is tested against
 ADAPTER_DIR = "adapter"  # Medusa-2: the peft adapter the verifier must be served merged with
 
 
@@ -84,6 +92,7 @@ class VLLMExporter(Exporter):
 
     name = "vllm"
     engine = "vLLM"
+    doctor = vllm_doctor
 
 
 class VLLMLayout(Layout):
@@ -146,36 +155,8 @@ class VLLMLayout(Layout):
         return num_tokens(loaded, opts, self.default_k(loaded.drafter))
 
 
-def speculators_config(loaded, opts: ExportOptions, algorithm: str, k: int) -> dict:
-    """speculators_config {algorithm, default_proposal_method, proposal_methods, verifier}."""
-    return {
-        "algorithm": algorithm,
-        "default_proposal_method": "greedy",
-        "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": k,
-                              "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-        "verifier": {"name_or_path": verifier_name(loaded, opts),
-                     "architectures": list(getattr(loaded.target.config, "architectures", None) or [])},
-    }
-
-
-def proposal_problems(config: dict) -> list[str]:
-    spec = config["speculators_config"]
-    methods = [m.get("proposal_type") for m in spec["proposal_methods"]]
-    if spec["default_proposal_method"] not in methods or not spec["proposal_methods"][0].get("speculative_tokens"):
-        return [f"config.json: speculators_config.proposal_methods {spec['proposal_methods']} must hold "
-                f"the default method {spec['default_proposal_method']!r} with speculative_tokens >= 1"]
-    return []
-
-
-def embedding_problems(tensors: dict, embed: torch.nn.Embedding, whose: str) -> list[str]:
-    want = embed.weight.detach().cpu().to(tensors["embed_tokens.weight"].dtype)
-    if not torch.equal(tensors["embed_tokens.weight"], want):
-        return [f"model.safetensors: embed_tokens.weight differs from {whose} embedding"]
-    return []
-
-
 @layouts("vllm").register("eagle3")
-class Eagle3Layout(VLLMLayout):
+class VLLMEagle3Layout(VLLMLayout):
     """EAGLE-3 in the speculators format (see the module docstring)."""
 
     carries_vocab_map = True
@@ -271,7 +252,7 @@ class MedusaLayout(VLLMLayout):
                              "the token i+1 after the state, head 0 the target's own next token), while vLLM's head i "
                              "proposes the token i+2 after it; retrain with drafter.next_token_head=false")
         vocab = {"truncated_vocab_size": target.vocab_size, "original_lm_head": False}
-        if d.cfg.draft_vocab_size:  # truncated_vocab_size and token_map (export/medusa_vocab.py)
+        if d.cfg.draft_vocab_size:  # truncated_vocab_size and token_map (export/vllm/medusa_vocab.py)
             vocab = medusa_vocab.vocab_fields(d, engine_versions.resolve("vllm", opts.engine_version))
         config = {
             "architectures": ["MedusaModel"],
@@ -308,7 +289,7 @@ class MedusaLayout(VLLMLayout):
                     spec[f"blocks.{i}.layers.{j}.bias"] = TensorSpec((h,), dtype)
             if i == 0 or not config.get("original_lm_head"):  # original_lm_head: vLLM loads lm_heads.0 only
                 spec[f"lm_heads.{i}.weight"] = TensorSpec((T, h), dtype)
-        if T < config["vocab_size"]:  # vLLM's loader asserts a token_map then (export/medusa_vocab.py)
+        if T < config["vocab_size"]:  # vLLM's loader asserts a token_map then (export/vllm/medusa_vocab.py)
             spec["token_map"] = TensorSpec((T,), torch.int64)
         return spec
 
@@ -392,21 +373,6 @@ def mlp_tensor_spec(config: dict, dtype: torch.dtype) -> dict[str, TensorSpec]:
     return spec
 
 
-def load_plain(tensors: dict[str, torch.Tensor], loaded, source: str, without_lora: bool = False):
-    """A fresh drafter of the checkpoint's kind holding `tensors` (its own state_dict names), strictly.
-    without_lora: Medusa-2 heads rebuilt without their adapter (it is exported and checked separately)."""
-    from draftsmith.heads import DRAFTERS
-
-    options = config_mod.drafter_options(loaded.config)
-    if without_lora:
-        options = dataclasses.replace(options, lora=False)
-    drafter = DRAFTERS.get(loaded.drafter.kind).from_target(options, loaded.target, None)  # upcasts on load
-    missing, unexpected = drafter.load_state_dict(tensors, strict=False)
-    if missing or unexpected:
-        raise UserError(f"{source}: re-import failed: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
-    return drafter.eval()
-
-
 def _mismatches(config: dict, want: dict) -> list[str]:
     return [f"config.json: {key} is {config.get(key)!r}, expected {value!r}"
             for key, value in want.items() if config.get(key) != value]
@@ -414,7 +380,7 @@ def _mismatches(config: dict, want: dict) -> list[str]:
 
 def check_medusa(export_dir: Path, config: dict, loaded, tensors: dict, model_type: str) -> list[str]:
     """Medusa config.json against the trained heads and vLLM's MedusaConfig; a draft vocabulary's
-    truncated_vocab_size / token_map as vLLM's loader reads them (export/medusa_vocab.py); the Medusa-2 adapter."""
+    truncated_vocab_size / token_map as vLLM's loader reads them (export/vllm/medusa_vocab.py); the Medusa-2 adapter."""
     d, target = loaded.drafter, loaded.target
     problems = _mismatches(config, {
         "architectures": ["MedusaModel"], "model_type": model_type, "num_heads": d.cfg.num_heads,

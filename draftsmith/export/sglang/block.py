@@ -29,8 +29,10 @@ from pathlib import Path
 import torch
 
 from draftsmith.core.errors import UserError
-from draftsmith.export.common import (
+from draftsmith.export.eagle_tensors import output_of_layer_ids
+from draftsmith.export.layout import (
     DTYPES,
+    REFUSED,
     ExportFiles,
     ExportOptions,
     Layout,
@@ -39,18 +41,20 @@ from draftsmith.export.common import (
     layouts,
     llama_fields,
     num_tokens,
-    output_of_layer_ids,
     read_export,
     serving_dtype,
     sidecar,
     verifier_name,
 )
-from draftsmith.export.engine_gaps import REFUSED
-from draftsmith.export.vllm import load_plain
-from draftsmith.export.vllm_parallel import QWEN3_LAYER_KEYS, dspark_head_problems, speculative_tokens
-from draftsmith.export.vllm_parallel import BlockLayout as VLLMBlockLayout
+from draftsmith.export.speculators import (
+    QWEN3_LAYER_KEYS,
+    block_tensor_spec,
+    dspark_head_problems,
+    load_plain,
+    speculative_tokens,
+)
 
-# SGLang reads z-lab's DFlash 2 config, which draftsmith writes only for --to llama.cpp (export/llamacpp_block.py).
+# SGLang reads z-lab's DFlash 2 config, which draftsmith writes only for --to llama.cpp (export/llamacpp/block.py).
 REFUSED.register("sglang", "dflash2", "SGLang serves DFlash 2 through sgl-project/sglang#35371 (z-lab's "
                  "DFlash2DraftModel config), a format draftsmith does not write yet")
 
@@ -116,9 +120,9 @@ class SGLangBlockLayout(Layout):
                 "dflash_config.mask_token_id", "dflash_config.target_layer_ids", "torch_dtype"]
 
     def expected_tensors(self, config: dict) -> dict[str, TensorSpec]:
-        # VLLM's block layout derives the same backbone shapes from a Qwen3 layer config: reuse them, less what
-        # SGLang borrows from the target.
-        spec = VLLMBlockLayout("vllm", "vLLM").expected_tensors(self.as_speculators(config))
+        # the speculators format's backbone shapes from the same Qwen3 layer config, less what SGLang borrows from
+        # the target
+        spec = block_tensor_spec(self.as_speculators(config))
         return {n: s for n, s in spec.items() if n not in (*NOT_SERVED, "embed_tokens.weight")}
 
     @staticmethod

@@ -21,47 +21,46 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.export.common import (
-    DTYPES,
-    EXPORTERS,
-    ExportFiles,
-    ExportOptions,
-    Layout,
-    TensorSpec,
+from draftsmith.export.eagle_tensors import (
     check_eagle3_aux_count,
     eagle3_from_weights,
     eagle3_norm_fields,
     eagle3_norm_problems,
     eagle3_tensor_spec,
     eagle3_weights,
+    output_id_refusals,
+    output_of_layer_ids,
+)
+from draftsmith.export.exporter import Exporter
+from draftsmith.export.layout import (
+    DTYPES,
+    EXPORTERS,
+    LLAMA_KEYS,
+    ExportFiles,
+    ExportOptions,
+    Layout,
+    TensorSpec,
     layouts,
     llama_fields,
     num_tokens,
-    output_id_refusals,
-    output_of_layer_ids,
     read_export,
     refuse_window,
     serving_dtype,
     sidecar,
     verifier_name,
 )
-from draftsmith.export.exporter import Exporter
-
-LLAMA_KEYS = [
-    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-    "head_dim", "rms_norm_eps", "vocab_size", "max_position_embeddings", "rope_theta", "rope_scaling",
-    "hidden_act", "tie_word_embeddings", "model_type",
-]
+from draftsmith.export.sglang import doctor as sglang_doctor
 
 
 @EXPORTERS.register("sglang")
 class SGLangExporter(Exporter):
     name = "sglang"
     engine = "SGLang"
+    doctor = sglang_doctor
 
 
 @layouts("sglang").register("eagle3")
-class Eagle3Layout(Layout):
+class SGLangEagle3Layout(Layout):
     carries_vocab_map = True
 
     def refusals(self, target_config) -> list[str]:

@@ -9,7 +9,7 @@ from typing import Callable
 
 from draftsmith.core.errors import UserError
 from draftsmith.export import engine_versions
-from draftsmith.export.doctor_contract import Contract, Finding
+from draftsmith.export.doctor.contract import Contract, Finding
 
 AUTO_DTYPES = ("auto", None)
 

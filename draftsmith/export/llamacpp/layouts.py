@@ -8,7 +8,7 @@ written by llama.cpp's own converter, then loaded by llama-server for one reques
     DIR/draft-dflash.gguf              DFlash: z-lab's DFlashDraftModel layout, converted with --target-model-dir
     DIR/draft-dspark.gguf              DSpark: speculators' DSparkSpeculator layout, the same way
     DIR/draft-dflash2.gguf             DFlash 2: z-lab's DFlash2DraftModel layout, the same way (all three arch
-                                       "dflash"; export/llamacpp_block.py has the layouts and the graph)
+                                       "dflash"; export/llamacpp/block.py has the layouts and the graph)
     DIR/target-<name>-f32.gguf         the target, converted by the same converter (unless --target-gguf)
     DIR/draftsmith.json                what is which, the serve command, the llama.cpp version, the check
       llama-server -m DIR/target-<name>-f32.gguf -md DIR/draft-eagle3.gguf --spec-type draft-eagle3 --spec-draft-n-max K
@@ -23,11 +23,11 @@ What llama.cpp reads (and so what is refused here, in one line each):
   draft LM draft-simple: any llama.cpp graph, vocabulary compatible with the target's.
   DFlash / DSpark  draft-dflash / draft-dspark: the same feature capture as EAGLE-3 (t_layer_inp), SiLU,
            plain rope, k = one whole block; DFlash with a full vocabulary (z-lab's layout has no d2t),
-           DSpark with the target's lm_head when the vocabulary is full (export/llamacpp_block.py).
+           DSpark with the target's lm_head when the vocabulary is full (export/llamacpp/block.py).
   Not served: Medusa, the MLP speculator, P-EAGLE, EAGLE-1 (no such --spec-type; REFUSED below).
 
 The format is one registered exporter (EXPORTERS["llama.cpp"]) with one layout per kind (EAGLE-3 and the draft
-LM here, the block drafters in export/llamacpp_block.py); `draftsmith export --to llama.cpp` runs through
+LM here, the block drafters in export/llamacpp/block.py); `draftsmith export --to llama.cpp` runs through
 api.export like every format (out-dir checks, atomic write), and the validate hook is the llama-server check.
 """
 from __future__ import annotations
@@ -44,9 +44,9 @@ from typing import ClassVar
 from draftsmith import __version__
 from draftsmith import config as config_mod
 from draftsmith.core.errors import UserError
-from draftsmith.export.common import EXPORTERS, ExportFiles, ExportOptions, Layout, layouts, not_taken
-from draftsmith.export.engine_gaps import REFUSED
 from draftsmith.export.exporter import Exporter
+from draftsmith.export.layout import EXPORTERS, REFUSED, ExportFiles, ExportOptions, Layout, layouts, not_taken
+from draftsmith.export.llamacpp import doctor as llamacpp_doctor
 
 FORMAT = "llama.cpp"
 _SPEC_TYPES = "its --spec-type values: draft-simple, draft-eagle3, draft-dflash, draft-dspark, draft-mtp, ngram-*"
@@ -182,7 +182,7 @@ class LlamaCppLayout(Layout):
         self.plan(loaded, opts, Path("."))  # --target-gguf, k, the tools and the target directory, before any file
 
     def plan(self, loaded, opts: ExportOptions, out_dir: Path) -> Plan:
-        from draftsmith.export.llamacpp_tools import find_llama_cpp
+        from draftsmith.export.llamacpp.tools import find_llama_cpp
 
         given = Path(opts.target_gguf).resolve() if opts.target_gguf else None
         if given is not None and not given.is_file():
@@ -202,7 +202,7 @@ class LlamaCppLayout(Layout):
         p = self.plan(loaded, opts, out_dir)
 
         def write(tmp: Path) -> None:
-            from draftsmith.export.llamacpp_tools import convert, write_draft
+            from draftsmith.export.llamacpp.tools import convert, write_draft
 
             with tempfile.TemporaryDirectory(prefix="draftsmith-llamacpp-") as work:
                 hf_dir = Path(work) / "hf"  # the directory llama.cpp's converter reads
@@ -214,7 +214,7 @@ class LlamaCppLayout(Layout):
                 convert(p.tools, p.target_dir, tmp / p.target_path.name)
             self.finish(tmp / self.draft_file, p.given_target or tmp / p.target_path.name)
             if p.target_dir is None:  # the tokenizer transformers rebuilt from the GGUF: take the file's own
-                from draftsmith.export.llamacpp_vocab import adopt_vocabulary
+                from draftsmith.export.llamacpp.vocab import adopt_vocabulary
 
                 adopt_vocabulary(tmp / self.draft_file, p.given_target)
 
@@ -247,6 +247,7 @@ class LlamaCppExporter(Exporter):
     own_options = frozenset({"target_gguf", "gguf_type"})
     checked_in_process = False  # llama-server checks it (tests/export/test_llamacpp_roundtrip.py)
     copies_profile = False  # the serve command carries k (--spec-draft-n-max); no profile is copied
+    doctor = llamacpp_doctor
 
     def build(self, loaded, opts: ExportOptions, out_dir: Path, checkpoint=None) -> ExportFiles:
         return self.layout(loaded.drafter.kind).build(loaded, opts, out_dir, checkpoint)  # the sidecar names it
@@ -258,7 +259,7 @@ class LlamaCppExporter(Exporter):
 
     def validate(self, export_dir: Path, loaded, opts: ExportOptions, files: ExportFiles) -> dict:
         """The validate hook: load target + draft in llama-server for one request (check_with_server)."""
-        from draftsmith.export.llamacpp_tools import find_llama_cpp
+        from draftsmith.export.llamacpp.tools import find_llama_cpp
 
         side = files.sidecar
         target = export_dir / side["target"] if side["target_converted_by_draftsmith"] else Path(side["target"])
@@ -284,7 +285,7 @@ class ConvertedLayout(LlamaCppLayout):
 
 
 @layouts(FORMAT).register("eagle3")
-class Eagle3Layout(ConvertedLayout):
+class LlamaCppEagle3Layout(ConvertedLayout):
     """EAGLE-3: the speculators-format export (--to vllm) converted with --target-model-dir (arch "eagle3")."""
 
     title = "EAGLE-3"
@@ -325,7 +326,7 @@ class Eagle3Layout(ConvertedLayout):
 
 
 @layouts(FORMAT).register("draft_lm")
-class DraftLMLayout(ConvertedLayout):
+class LlamaCppDraftLMLayout(ConvertedLayout):
     """A draft LM: the --to hf directory converted as an ordinary model, served with draft-simple."""
 
     title = "draft LM"
@@ -335,7 +336,7 @@ class DraftLMLayout(ConvertedLayout):
     draft_file = "draft-lm.gguf"
 
     def finish(self, draft: Path, target: Path) -> None:
-        from draftsmith.export.llamacpp_vocab import adopt_vocabulary
+        from draftsmith.export.llamacpp.vocab import adopt_vocabulary
 
         adopt_vocabulary(draft, target)  # llama.cpp drafts only with the target's exact vocabulary
 
@@ -404,7 +405,7 @@ def serve_command(tools, target: Path, draft: Path, spec_type: str, k: int) -> s
 
 def check_with_server(tools, target: Path, draft: Path, spec_type: str, k: int, vocab_size: int) -> dict:
     """Load target + draft in llama-server, one short greedy request; what it reported."""
-    from draftsmith.export.llamacpp_tools import LlamaCppError, LlamaServer
+    from draftsmith.export.llamacpp.tools import LlamaCppError, LlamaServer
 
     prompt = [1] + [(7 * i + 3) % max(vocab_size - 4, 1) + 3 for i in range(12)]  # BOS-like id, then a spread
     with LlamaServer(tools, target, draft=draft, spec_type=spec_type, k=k, max_requests=1) as srv:

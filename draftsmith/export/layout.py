@@ -1,14 +1,6 @@
-"""What every export format shares: options, the files an exporter produces, the exporter
-interface, the draft layer's Llama fields (rope carried from the target), and the EAGLE-3
-tensor layout that SGLang, vLLM (speculators) and TensorRT-LLM (Model Optimizer) each spell
-their own way.
-
-Aux-layer id conventions (read from each engine's source, see docs/export.md):
-  draftsmith, vLLM   id i = hidden_states[i], the INPUT of target layer i (vLLM captures
-                     `hidden_states + residual` before running layer i)
-  SGLang, TRT-LLM    id i = the OUTPUT of target layer i = hidden_states[i + 1] (SGLang's
-                     set_eagle3_layers_to_capture adds 1; TRT-LLM / Model Optimizer hook
-                     layer outputs; both default to [1, L//2 - 1, L - 4])
+"""What every export format shares: the options, the files an exporter produces, the two registries (EXPORTERS:
+format -> Exporter; layouts(format): kind -> Layout, with REFUSED: why a format takes no drafter of a kind), the
+Layout base, the sidecar, and the draft layer's Llama fields (rope carried from the target, sliding windows).
 """
 from __future__ import annotations
 
@@ -112,10 +104,8 @@ def formats_with_layout(kind: str) -> list[str]:
 
 
 def not_taken(fmt: str, kind: str) -> str | None:
-    """The one-line reason `--to fmt` refuses every `kind` drafter (no layout: engine_gaps.REFUSED's line, else
+    """The one-line reason `--to fmt` refuses every `kind` drafter (no layout: REFUSED's line, else
     the generic one naming what the format and the kind take); None when the format has a layout for it."""
-    from draftsmith.export.engine_gaps import REFUSED
-
     if kind in layouts(fmt):
         return None
     fits = formats_with_layout(kind)
@@ -307,40 +297,6 @@ def llama_fields(layer_config, target_config, dtype: torch.dtype) -> dict:
     return fields
 
 
-EAGLE3_NUM_AUX = 3  # vLLM, SGLang and TensorRT-LLM build fc as [3 * target_hidden -> h]
-
-
-def check_eagle3_aux_count(aux_ids: list[int], engine: str) -> None:
-    """vLLM's Eagle3LlamaForCausalLM sizes fc as target_hidden_size * 3 whatever the config says (no
-    config field sets the count), and SGLang's and TensorRT-LLM's EAGLE-3 drafts do the same: an
-    export of another count would fail to load there (fc shape mismatch)."""
-    if len(aux_ids) != EAGLE3_NUM_AUX:
-        raise UserError(f"drafter.aux_layer_ids {list(aux_ids)}: {engine}'s EAGLE-3 draft reads exactly "
-                         f"{EAGLE3_NUM_AUX} aux layers (it builds fc for 3 * target_hidden_size, no config field "
-                         f"changes that); retrain with 3 ids, e.g. the default low/mid/high (drafter.aux_layer_ids=null)")
-
-
-def output_id_refusals(target_config, engine: str) -> list[str]:
-    """SGLang / TensorRT-LLM name aux layers by layer OUTPUT: a shallow target's default ids include 0."""
-    from draftsmith.targets.archs import default_aux_layer_ids, text_config
-
-    layers = text_config(target_config).num_hidden_layers
-    if min(default_aux_layer_ids(layers)) >= 1:
-        return []
-    return [f"{engine}: aux layer ids name layer outputs, and a {layers}-layer target's default ids include 0 "
-            "(the embedding output); use a target with >= 4 layers or aux_layer_ids >= 1"]
-
-
-def output_of_layer_ids(aux_ids: list[int], engine: str) -> list[int]:
-    """draftsmith ids (input of layer i) -> SGLang / TRT-LLM ids (output of layer i - 1)."""
-    if any(i < 1 for i in aux_ids):
-        raise UserError(
-            f"aux layer ids {aux_ids} include 0 (the embedding output), which {engine} cannot capture: its ids "
-            "name layer outputs. Retrain with drafter.aux_layer_ids >= 1 (e.g. the default [2, L//2, L-3])"
-        )
-    return [i - 1 for i in aux_ids]
-
-
 def sidecar(loaded, fmt: str, engine: str, opts: ExportOptions, extra: dict | None = None) -> dict:
     """draftsmith.json: what was exported, for which verifier, from which checkpoint."""
     from draftsmith.targets.archs import export_record
@@ -387,93 +343,6 @@ def num_tokens(loaded, opts: ExportOptions, default: int) -> int:
 
 # --------------------------------------------------------------------------- EAGLE-3 layout
 
-# draftsmith / SGLang names below `midlayer.`; vLLM and TRT-LLM spell them `layers.0.`.
-EAGLE3_LAYER_TENSORS = (
-    "hidden_norm.weight", "input_layernorm.weight", "post_attention_layernorm.weight",
-    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-)
-
-
-def eagle3_tensor_spec(llama: dict, draft_vocab: int, num_aux: int, target_hidden: int, layer_prefix: str,
-                       dtype: torch.dtype, with_t2d: bool, with_embed: bool, fc_norm: bool = False) -> dict[str, TensorSpec]:
-    """Shapes every EAGLE-3 tensor must have, from the config's Llama fields alone (fc_norm: EAGLE 3.1's
-    per-aux-layer norms fc_norm.{i}.weight, as vLLM, SGLang and TensorRT-LLM name them)."""
-    h, V = llama["hidden_size"], llama["vocab_size"]
-    q = llama["num_attention_heads"] * llama["head_dim"]
-    kv = llama["num_key_value_heads"] * llama["head_dim"]
-    inter = llama["intermediate_size"]
-    p = layer_prefix
-    spec = {
-        "fc.weight": TensorSpec((h, num_aux * target_hidden), dtype),
-        f"{p}hidden_norm.weight": TensorSpec((h,), dtype),
-        f"{p}input_layernorm.weight": TensorSpec((h,), dtype),
-        f"{p}post_attention_layernorm.weight": TensorSpec((h,), dtype),
-        f"{p}self_attn.q_proj.weight": TensorSpec((q, 2 * h), dtype),  # attention reads [emb ; hidden]
-        f"{p}self_attn.k_proj.weight": TensorSpec((kv, 2 * h), dtype),
-        f"{p}self_attn.v_proj.weight": TensorSpec((kv, 2 * h), dtype),
-        f"{p}self_attn.o_proj.weight": TensorSpec((h, q), dtype),
-        f"{p}mlp.gate_proj.weight": TensorSpec((inter, h), dtype),
-        f"{p}mlp.up_proj.weight": TensorSpec((inter, h), dtype),
-        f"{p}mlp.down_proj.weight": TensorSpec((h, inter), dtype),
-        "norm.weight": TensorSpec((h,), dtype),
-        "lm_head.weight": TensorSpec((draft_vocab, h), dtype),
-        "d2t": TensorSpec((draft_vocab,), torch.int64),
-    }
-    if fc_norm:
-        spec.update({f"fc_norm.{i}.weight": TensorSpec((target_hidden,), dtype) for i in range(num_aux)})
-    if with_t2d:
-        spec["t2d"] = TensorSpec((V,), torch.bool)
-    if with_embed:
-        spec["embed_tokens.weight"] = TensorSpec((V, h), dtype)
-    return spec
-
-
-def eagle3_norm_fields(drafter, engine: str) -> dict:
-    """EAGLE 3.1's config fields for an engine that reads fc_norm and norm_output (SGLang, TensorRT-LLM)
-    but has no norm_before_residual: a drafter trained with it would run differently there, so refuse."""
-    if drafter.cfg.norm_before_residual:
-        raise UserError(
-            f"this EAGLE-3 drafter was trained with drafter.norm_before_residual=true, which {engine} cannot run "
-            "(its draft layer always adds the raw hidden state as the residual): export it with --to vllm, "
-            "or retrain with drafter.norm_before_residual=false for this engine")
-    return {"fc_norm": bool(drafter.cfg.fc_norm), "norm_output": bool(drafter.cfg.norm_output)}
-
-
-def eagle3_norm_problems(config: dict, drafter) -> list[str]:
-    """config.json's EAGLE 3.1 fields against the trained drafter's options."""
-    problems = []
-    for key in ("norm_before_residual", "fc_norm", "norm_output"):
-        trained = bool(getattr(drafter.cfg, key, False))  # kinds without the option run it off
-        if key in config and config[key] is not trained:
-            problems.append(f"config.json: {key} is {config[key]!r} but the drafter was trained with "
-                            f"drafter.{key}={trained!r}")
-    return problems
-
-
-def eagle3_weights(loaded, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The trained drafter's tensors in draftsmith (= SGLang) names, cast to the export dtype."""
-    last = loaded.target.num_layers
-    if last in loaded.drafter.aux_layer_ids:
-        raise UserError(f"drafter.aux_layer_ids {loaded.drafter.aux_layer_ids} include {last}, the target's final "
-                         "post-norm hidden state, which no serving engine captures for a draft; retrain with ids "
-                         f"in 0..{last - 1} to export")
-    return cast_floats(loaded.drafter.state_dict_for_export(), dtype)
-
-
-def eagle3_from_weights(weights: dict[str, torch.Tensor], loaded, source: str):
-    """A fresh EAGLE-3 drafter for loaded.target holding `weights` (draftsmith names), strictly."""
-    from draftsmith.heads.eagle3 import Eagle3Drafter
-
-    options = config_mod.drafter_options(loaded.config)
-    # Kept in the target's dtype: bf16/fp16 weights are upcast exactly on load, and the proposer
-    # then runs the rounded weights in full precision (both sides of the round trip alike).
-    drafter = Eagle3Drafter.from_target(options, loaded.target, None)
-    missing, unexpected = drafter.load_state_dict(weights, strict=False)
-    if missing or unexpected:
-        raise UserError(f"{source}: re-import failed: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
-    return drafter.eval()
-
 
 # --------------------------------------------------------------------------- sliding-window drafts
 
@@ -514,3 +383,42 @@ def refuse_window(drafter, engine: str) -> None:
         raise UserError(f"this drafter was trained with drafter.sliding_window={window}, which {engine}'s EAGLE-3 draft "
                          "cannot express (it attends to the whole context): export it with --to vllm, or retrain with "
                          "drafter.sliding_window=null for this engine")
+
+
+LLAMA_KEYS = [
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "head_dim", "rms_norm_eps", "vocab_size", "max_position_embeddings", "rope_theta", "rope_scaling",
+    "hidden_act", "tie_word_embeddings", "model_type",
+]
+
+
+@dataclass(frozen=True)
+class Gap:
+    why: str  # one line; may hold {fits}
+    whole: bool = False  # True: `why` is the whole message; False: it follows "--to FMT does not take KIND drafters: "
+
+
+class Refusals:
+    """(format, kind) -> the one-line reason that format refuses every drafter of that kind."""
+
+    def __init__(self):
+        self._gaps: dict[tuple[str, str], Gap] = {}
+
+    def register(self, fmt: str, kind: str, why: str, whole: bool = False) -> None:
+        if (fmt, kind) in self._gaps:
+            raise ValueError(f"the refusal of {kind} drafters by --to {fmt} is registered twice")
+        self._gaps[(fmt, kind)] = Gap(why, whole)
+
+    def unregister(self, fmt: str, kind: str) -> None:
+        self._gaps.pop((fmt, kind), None)
+
+    def reason(self, fmt: str, kind: str, fits: list[str]) -> str | None:
+        """The message `--to fmt` refuses `kind` with (fits: the formats that take it), or None."""
+        gap = self._gaps.get((fmt, kind))
+        if gap is None:
+            return None
+        why = gap.why.replace("{fits}", " or ".join(f"--to {f}" for f in fits) or "no other format")
+        return why if gap.whole else f"--to {fmt} does not take {kind} drafters: {why}"
+
+
+REFUSED = Refusals()

@@ -1,7 +1,7 @@
 """Run llama.cpp's own convert_hf_to_gguf.py, unchanged, with one fallback for small byte-level BPE
 tokenizers that its pre-tokenizer table does not list (draftsmith's embedded pycode-tiny):
 
-    python -m draftsmith.export.llamacpp_convert CONVERTER.py MODEL_DIR --outfile F.gguf --outtype f32 \
+    python -m draftsmith.export.llamacpp.convert CONVERTER.py MODEL_DIR --outfile F.gguf --outtype f32 \
         [--target-model-dir TARGET]
 
 The converter names a BPE pre-tokenizer by hashing the token ids a reference text encodes to,
@@ -57,7 +57,7 @@ def install_fallback() -> None:
 
 def main(argv: list[str]) -> None:
     if not argv:
-        raise SystemExit("usage: python -m draftsmith.export.llamacpp_convert CONVERTER.py MODEL_DIR [converter args]")
+        raise SystemExit("usage: python -m draftsmith.export.llamacpp.convert CONVERTER.py MODEL_DIR [converter args]")
     converter = Path(argv[0]).resolve()
     sys.path.insert(0, str(converter.parent))  # conversion/ beside the script
     sys.path.insert(1, str(converter.parent / "gguf-py"))  # what the script itself does unless NO_LOCAL_GGUF

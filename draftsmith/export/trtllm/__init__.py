@@ -1,0 +1,3 @@
+"""TensorRT-LLM: EAGLE-3 for the PyTorch backend (layouts.py) and the doctor reader for trtllm-serve and
+extra_llm_api_options.yaml (doctor.py)."""
+from draftsmith.export.trtllm import layouts  # noqa: F401  (register the layouts)
