@@ -37,10 +37,11 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from draftsmith.commands.eval import EvalOptions, run  # noqa: E402
 from draftsmith.core.errors import UserError  # noqa: E402
 from draftsmith.eval import metrics, workloads  # noqa: E402
 from draftsmith.eval import results as results_mod  # noqa: E402
+from draftsmith.eval.evaluate import run  # noqa: E402
+from draftsmith.eval.options import EvalOptions  # noqa: E402
 
 DEFAULT_WORKLOADS = "humaneval,gsm8k,mt_bench,alpaca"
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,11 +32,10 @@ from draftsmith import config as config_mod
 from draftsmith.core.errors import UserError
 from draftsmith.core.files import (
     MAX_YAML_BYTES,
-    disk_full_guard,
     load_safetensors,
     read_json_object,
     read_received_text,
-    temp_dir_beside,
+    write_dir_atomically,
 )
 from draftsmith.core.safe_yaml import load as load_yaml
 
@@ -48,34 +46,6 @@ class LoadedDrafter:
     target: Any  # target.Target
     config: Any  # config.RecipeConfig
     meta: dict
-
-
-def write_dir_atomically(final_dir: Path, fill, tmp: Path | None = None, marker: str | None = "COMPLETE") -> Path:
-    """Call fill(tmp_dir) to write files, then move tmp_dir to final_dir in one rename; if fill
-    raises, nothing reaches final_dir. Checkpoints get a `marker` file; exports pass None.
-
-    `tmp` may name a directory other ranks already wrote into (see save_collective). A full disk is
-    one line naming final_dir (files.disk_full_guard)."""
-    final_dir = Path(final_dir)
-    final_dir.parent.mkdir(parents=True, exist_ok=True)
-    if tmp is None:
-        tmp = temp_dir_beside(final_dir)  # .NAME.tmp-PID-XXXX: a later run removes it if this one is killed
-    try:
-        with disk_full_guard(final_dir, "checkpoint" if marker else "export", probe=tmp):
-            fill(tmp)
-            if marker:
-                (tmp / marker).write_text("ok\n")
-        if final_dir.exists():
-            old = final_dir.with_name(f".{final_dir.name}.old-{os.getpid()}")
-            os.replace(final_dir, old)
-            os.replace(tmp, final_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final_dir
 
 
 def drafter_meta(drafter, target, step: int) -> dict:
@@ -103,7 +73,7 @@ def save(path: Path, drafter, target, cfg, step: int, trainer_state: dict | None
         if trainer_state is not None:
             torch.save(trainer_state, tmp / "trainer_state.pt")
 
-    return write_dir_atomically(Path(path), fill, tmp)
+    return write_dir_atomically(Path(path), fill, "checkpoint", tmp=tmp, marker="COMPLETE")
 
 
 def read_weights(path: Path) -> dict:

@@ -71,8 +71,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if not argv else 2
     module = args._module
-    if args.command == "eval" and getattr(args, "engine", None):  # train-to-serve parity: eval + export together
-        from draftsmith.commands import eval_engine as module
     try:
         return int(module.main(args) or 0)
     except EXPECTED as exc:

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.commands.eval_options import EvalOptions
-from draftsmith.commands.eval_results import checkpoint_identity, command_line, results_config, write_results
 from draftsmith.eval import proposers, results, workloads
 from draftsmith.eval.engine import TOLERANCE, compare_setups, compare_workload, draftsmith_side, engine_request
+from draftsmith.eval.options import EvalOptions
+from draftsmith.eval.records import checkpoint_identity, command_line, results_config, write_results
 from draftsmith.export.llamacpp.layouts import engine_drafter_options, gguf_problems
 from draftsmith.report.parity import parity_lines
 

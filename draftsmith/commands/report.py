@@ -13,11 +13,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from draftsmith.commands.leaderboard import resolve_training_log
 from draftsmith.core.files import check_output_file, disk_full_guard, write_text_atomically
 from draftsmith.report import html as H
 from draftsmith.report import plots
 from draftsmith.report.leaderboard import METRIC_COLUMNS, ModelTable, Row, build_rows, model_tables
+from draftsmith.report.leaderboard_site import resolve_training_log
 from draftsmith.report.results_io import MalformedResultError, Result, check_compatible, load_result
 from draftsmith.report.text_safe import plain_text
 

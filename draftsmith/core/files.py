@@ -248,6 +248,40 @@ def temp_dir_beside(final_dir: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.tmp-{os.getpid()}-", dir=final_dir.parent))
 
 
+def write_dir_atomically(final_dir: Path, fill, what: str, tmp: Path | None = None, marker: str | None = None,
+                         into_existing=None) -> Path:
+    """The one atomic-directory writer (checkpoints, exports, leaderboards): fill(tmp) writes the new files in a
+    `.NAME.tmp-PID-XXXX` directory beside final_dir; then, when final_dir does not exist, one rename puts it in
+    place. Over an existing final_dir, `into_existing(tmp, final_dir)` moves the files in itself (exports and
+    leaderboards keep what else the user has there); without it the old directory is swapped out whole
+    (checkpoints). If fill raises, nothing reaches final_dir and the temporary directory is removed.
+
+    `marker` names a file written last inside tmp (a checkpoint's COMPLETE); `tmp` may name a directory other
+    ranks already wrote into (checkpoint.save_collective). A full disk is one line naming final_dir and `what`."""
+    final_dir = Path(final_dir)
+    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    if tmp is None:
+        tmp = temp_dir_beside(final_dir)  # a later run removes it if this one is killed (clean_stale_temps)
+    try:
+        with disk_full_guard(final_dir, what, probe=tmp):
+            fill(tmp)
+            if marker:
+                (tmp / marker).write_text("ok\n")
+            if not final_dir.exists():
+                os.replace(tmp, final_dir)
+            elif into_existing is not None:
+                into_existing(tmp, final_dir)
+            else:
+                old = final_dir.with_name(f".{final_dir.name}.old-{os.getpid()}")
+                os.replace(final_dir, old)
+                os.replace(tmp, final_dir)
+                shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final_dir
+
+
 def _alive(pid: int) -> bool:
     if pid == os.getpid():
         return True

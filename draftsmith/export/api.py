@@ -10,14 +10,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from safetensors.torch import save_file
 
 from draftsmith.core.errors import UserError
-from draftsmith.core.files import clean_stale_temps, disk_full_guard, temp_dir_beside, terminate_cleanly
+from draftsmith.core.files import clean_stale_temps, terminate_cleanly, write_dir_atomically
 from draftsmith.export.layout import CONFIG_FILE, SIDECAR_FILE, WEIGHTS_FILE, ExportFiles, ExportOptions
 from draftsmith.report.speedup_model import PROFILE_FILE
 
@@ -177,20 +176,9 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
 def _write_atomically(out: Path, fill, replacing: bool) -> None:
     """fill(tmp) in a temporary sibling of `out`, then into place: one rename for a new export, file by file
     (each atomic) over a previous one, keeping anything else in the directory."""
-    from draftsmith.checkpoint import write_dir_atomically
-
     clean_stale_temps(out)  # .OUT.tmp-PID-* of earlier exports that were killed (their PID is gone)
-    with terminate_cleanly():  # SIGTERM runs the clean-ups below instead of leaving .OUT.tmp-* behind
-        if not replacing:
-            write_dir_atomically(out, fill, marker=None)
-            return
-        tmp = temp_dir_beside(out)
-        try:
-            with disk_full_guard(out, "export", probe=tmp):
-                fill(tmp)
-                replace_export_files(tmp, out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    with terminate_cleanly():  # SIGTERM runs the clean-ups instead of leaving .OUT.tmp-* behind
+        write_dir_atomically(out, fill, "export", into_existing=replace_export_files if replacing else None)
 
 
 def _apply_profile(exporter, loaded, opts: ExportOptions, profile: dict | None) -> ExportOptions:

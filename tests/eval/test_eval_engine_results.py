@@ -1,5 +1,5 @@
 """`draftsmith eval` and `draftsmith eval --engine llama.cpp` write the results' drafter identity and config
-through the same functions (commands/eval_results.py): for the same checkpoint and flags they agree, except
+through the same functions (eval/records.py): for the same checkpoint and flags they agree, except
 for what the engine comparison runs differently and says so (one timed request per prompt, EOS ignored).
 llama.cpp itself is replaced here by a stand-in that answers each request as a server without drafts would."""
 from __future__ import annotations
@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from draftsmith.commands import eval as eval_cli
 from draftsmith.commands import eval_engine
-from draftsmith.commands.eval_options import EvalOptions
+from draftsmith.eval import evaluate as eval_cli
 from draftsmith.eval.engine import engine_request
+from draftsmith.eval.options import EvalOptions
 from tests.export.conftest import make_checkpoint
 
 

@@ -11,8 +11,8 @@ from typing import Optional
 import pytest
 
 from draftsmith.commands import eval as eval_cli
-from draftsmith.commands.eval_options import EvalOptions
 from draftsmith.core.flags import add_flags, flag, flag_fields, flag_name, from_namespace
+from draftsmith.eval.options import EvalOptions
 
 
 def parser() -> argparse.ArgumentParser:

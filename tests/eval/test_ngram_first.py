@@ -182,7 +182,7 @@ def test_eval_records_the_split_and_names_the_hybrid(ckpt, tmp_path):
     assert res["drafter"]["ngram_first"] == {"max_ngram": 3, "min_ngram": 2, "match": "first", "drafter_k": 2}
     split = next(iter(res["workloads"].values()))["ngram_first_rounds"]
     assert split["ngram"] + split["drafter"] > 0
-    from draftsmith.commands import eval as eval_cli  # the flag reaches the proposer the loop drives
+    from draftsmith.eval import evaluate as eval_cli  # the flag reaches the proposer the loop drives
     args = eval_cli.EvalOptions(path=str(ckpt), ngram_first=True, k=3, drafter_k=2, device="cpu")
     _, proposer, _ = eval_cli._load(args)
     assert isinstance(proposer, NgramFirstProposer) and proposer.drafter_k == 2

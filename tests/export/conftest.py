@@ -73,3 +73,16 @@ def tools():
         if os.environ.get("DRAFTSMITH_REQUIRE_LLAMA_CPP") == "1":
             pytest.fail(f"{exc} (DRAFTSMITH_REQUIRE_LLAMA_CPP=1 requires it)")
         pytest.skip(f"llama.cpp is not installed: {exc}")
+
+
+@pytest.fixture(scope="module")
+def ckpts(request, tmp_path_factory):
+    """The test module's CHECKPOINTS ({name: (kind, options)} or (kind, options, make_checkpoint keywords)), each
+    trained once per module: name -> (checkpoint path, loaded drafter)."""
+    from draftsmith import checkpoint
+
+    out = {}
+    for name, (kind, options, *keywords) in request.module.CHECKPOINTS.items():
+        path = make_checkpoint(tmp_path_factory.mktemp(str(name)), kind, options, **(keywords[0] if keywords else {}))
+        out[name] = (path, checkpoint.load_drafter(path, device="cpu"))
+    return out

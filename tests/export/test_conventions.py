@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import LLAMA3_ROPE, make_checkpoint
+from conftest import LLAMA3_ROPE
 from safetensors.torch import load_file
 
 from draftsmith import checkpoint
@@ -39,14 +39,8 @@ EXPORTS = [("eagle3", "vllm"), ("eagle3", "sglang"), ("eagle3", "trtllm"), ("dfl
            ("peagle", "vllm"), ("medusa", "vllm"), ("eagle1", "vllm"), ("eagle1", "sglang")]
 
 
-@pytest.fixture(scope="module")
-def ckpts(tmp_path_factory):
-    """Every kind on one llama3-rope target with 4096 positions (reduced draft vocabularies where they exist)."""
-    out = {}
-    for kind, options in KIND_OPTIONS.items():
-        path = make_checkpoint(tmp_path_factory.mktemp(kind), kind, options, rope=LLAMA3_ROPE, max_positions=4096)
-        out[kind] = (path, checkpoint.load_drafter(path, device="cpu"))
-    return out
+CHECKPOINTS = {kind: (kind, options, {"rope": LLAMA3_ROPE, "max_positions": 4096})
+               for kind, options in KIND_OPTIONS.items()}
 
 
 @pytest.fixture(scope="module")

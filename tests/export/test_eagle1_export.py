@@ -8,11 +8,10 @@ import json
 
 import pytest
 import torch
-from conftest import LLAMA3_ROPE, make_checkpoint
+from conftest import LLAMA3_ROPE
 from safetensors.torch import load_file
 from torch import nn
 
-from draftsmith import checkpoint
 from draftsmith.export import EXPORTERS, export, refusals
 from draftsmith.export.layout import ExportOptions, ExportValidationError
 from draftsmith.export.validate import validate_export
@@ -25,15 +24,9 @@ TENSORS = {"vllm": {"fc.weight", *(f"layers.0.{n}" for n in LAYER)},
 ARCH = {"vllm": ["EagleLlamaForCausalLM"], "sglang": ["LlamaForCausalLMEagle"]}
 
 
-@pytest.fixture(scope="module")
-def ckpts(tmp_path_factory):
-    """EAGLE-1 without (vLLM's fc) and with (the default) a trained fc bias, on a llama3-rope target."""
-    out = {}
-    for bias in (False, True):
-        path = make_checkpoint(tmp_path_factory.mktemp(f"eagle1-bias{bias}"), "eagle1", {"fc_bias": bias},
-                               rope=LLAMA3_ROPE, max_positions=4096)
-        out[bias] = (path, checkpoint.load_drafter(path, device="cpu"))
-    return out
+# EAGLE-1 without (vLLM's fc) and with (the default) a trained fc bias, on a llama3-rope target
+CHECKPOINTS = {bias: ("eagle1", {"fc_bias": bias}, {"rope": LLAMA3_ROPE, "max_positions": 4096})
+               for bias in (False, True)}
 
 
 @pytest.fixture(scope="module")

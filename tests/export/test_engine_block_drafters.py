@@ -16,10 +16,8 @@ import shutil
 
 import pytest
 import torch
-from conftest import make_checkpoint
 from safetensors.torch import load_file, save_file
 
-from draftsmith import checkpoint
 from draftsmith.export import export
 from draftsmith.export.layout import EXPORTERS, ExportOptions, ExportValidationError
 from draftsmith.export.validate import validate_export
@@ -32,13 +30,7 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def ckpts(tmp_path_factory):
-    out = {}
-    for name, (kind, options) in CASES.items():
-        path = make_checkpoint(tmp_path_factory.mktemp(name), kind, options)
-        out[name] = (path, checkpoint.load_drafter(path, device="cpu"))
-    return out
+CHECKPOINTS = CASES
 
 
 def speculative_config(command: str) -> dict:

@@ -7,22 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import make_checkpoint
 
-from draftsmith import checkpoint
 from draftsmith.export import EXPORTERS, engine_versions, export, refusals
 from draftsmith.export.layout import ExportOptions, layouts
 from draftsmith.heads import DRAFTERS
 
-
-@pytest.fixture(scope="module")
-def ckpts(tmp_path_factory):
-    out = {}
-    for kind, options in {"medusa": {"num_heads": 2, "num_layers": 1}, "mlp_speculator": {"n_predict": 2},
-                          "peagle": {"num_depths": 2}}.items():
-        path = make_checkpoint(tmp_path_factory.mktemp(kind), kind, options)
-        out[kind] = (path, checkpoint.load_drafter(path, device="cpu"))
-    return out
+CHECKPOINTS = {"medusa": ("medusa", {"num_heads": 2, "num_layers": 1}), "mlp_speculator": ("mlp_speculator", {"n_predict": 2}),
+               "peagle": ("peagle", {"num_depths": 2})}
 
 
 def test_the_newest_vllm_refuses_medusa_in_one_line_naming_0_27(ckpts, tmp_path, capsys):

@@ -10,10 +10,8 @@ import types
 
 import pytest
 import torch
-from conftest import make_checkpoint
 from safetensors.torch import load_file
 
-from draftsmith import checkpoint
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.export import EXPORTERS, export
 from draftsmith.export.layout import ExportOptions, ExportValidationError
@@ -27,13 +25,7 @@ CASES = {  # name: (drafter options, vLLM release)
 }
 
 
-@pytest.fixture(scope="module")
-def ckpts(tmp_path_factory):
-    out = {}
-    for name, (options, _) in CASES.items():
-        path = make_checkpoint(tmp_path_factory.mktemp(name), "medusa", options)
-        out[name] = (path, checkpoint.load_drafter(path, device="cpu"))
-    return out
+CHECKPOINTS = {name: ("medusa", options) for name, (options, _) in CASES.items()}
 
 
 @pytest.fixture(scope="module")

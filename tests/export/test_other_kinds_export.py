@@ -13,7 +13,6 @@ from conftest import make_checkpoint
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from draftsmith import checkpoint
 from draftsmith.export import EXPORTERS, export
 from draftsmith.export.layout import ExportOptions, ExportValidationError
 from draftsmith.export.validate import validate_export
@@ -40,13 +39,7 @@ def opts(case: str, **kwargs) -> ExportOptions:
     return ExportOptions(engine_version=VERSION.get(case), **kwargs)
 
 
-@pytest.fixture(scope="module")
-def ckpts(tmp_path_factory):
-    out = {}
-    for name, (kind, options) in CASES.items():
-        path = make_checkpoint(tmp_path_factory.mktemp(name), kind, options)
-        out[name] = (path, checkpoint.load_drafter(path, device="cpu"))
-    return out
+CHECKPOINTS = CASES
 
 
 @pytest.fixture(scope="module")

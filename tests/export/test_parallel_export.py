@@ -7,11 +7,10 @@ import json
 
 import pytest
 import torch
-from conftest import LLAMA3_ROPE, make_checkpoint
+from conftest import LLAMA3_ROPE
 from safetensors.torch import load_file
 from test_speculators_load import speculators
 
-from draftsmith import checkpoint
 from draftsmith.export import export
 from draftsmith.export.layout import ExportOptions
 
@@ -23,14 +22,8 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def ckpts(tmp_path_factory):
-    out = {}
-    for name, (kind, options) in CASES.items():
-        rope = LLAMA3_ROPE if name == "dflash" else None
-        path = make_checkpoint(tmp_path_factory.mktemp(name), kind, options, rope=rope, max_positions=4096 if rope else 1024)
-        out[name] = (path, checkpoint.load_drafter(path, device="cpu"))
-    return out
+CHECKPOINTS = {name: (kind, options, {"rope": LLAMA3_ROPE, "max_positions": 4096} if name == "dflash" else {})
+               for name, (kind, options) in CASES.items()}
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ from safetensors.torch import load_file
 from test_speculators_load import speculators
 from test_validation_failures import problems_of, tampered
 
-from draftsmith import checkpoint
 from draftsmith.export import export
 from draftsmith.heads.draft_layer import KVCache
 
@@ -28,13 +27,7 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def ckpts(tmp_path_factory):
-    out = {}
-    for name, (kind, options) in CASES.items():
-        path = make_checkpoint(tmp_path_factory.mktemp(name), kind, options)
-        out[name] = (path, checkpoint.load_drafter(path, device="cpu"))
-    return out
+CHECKPOINTS = CASES
 
 
 def config_of(result) -> dict:

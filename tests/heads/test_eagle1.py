@@ -154,15 +154,3 @@ def test_debug_recipe_trains(tmp_path, stories_target):
     assert (result.final_checkpoint / "drafter.safetensors").exists()
 
 
-def test_greedy_speculative_equals_target_only(stories_target):
-    from draftsmith.eval.loop import LoopConfig, generate
-
-    torch.manual_seed(0)
-    d = Eagle1Drafter.from_target(Eagle1Drafter.Config(), stories_target).eval()
-    proposer = d.make_proposer(stories_target)
-    for text in ["Once upon a time", "The little dog was sad because"]:
-        ids = stories_target.tokenizer(text, return_tensors="pt").input_ids[0]
-        ref = generate(stories_target, None, ids, LoopConfig(k=0, max_new_tokens=24)).tokens
-        got = generate(stories_target, proposer, ids, LoopConfig(k=3, max_new_tokens=24))
-        assert got.tokens == ref
-        assert sum(r.proposed for r in got.rounds) > 0

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from draftsmith.commands.leaderboard import build_leaderboard
+from draftsmith.report.leaderboard_site import build_leaderboard
 
 CHROMIUM = Path(os.environ.get("DRAFTSMITH_CHROMIUM", "/usr/bin/chromium"))
 

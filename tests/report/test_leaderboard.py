@@ -10,8 +10,8 @@ from matplotlib.image import imread
 from result_files import HW_CPU, make_result, workload, write
 
 from draftsmith.cli import main as cli_main
-from draftsmith.commands.leaderboard import build_leaderboard
 from draftsmith.report.leaderboard import build_rows, model_tables
+from draftsmith.report.leaderboard_site import build_leaderboard
 from draftsmith.report.results_io import load_results
 
 EXPECTED_ORDER = [

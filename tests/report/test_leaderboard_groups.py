@@ -6,8 +6,8 @@ import pytest
 from result_files import make_result, workload, write
 
 from draftsmith.cli import main as cli_main
-from draftsmith.commands.leaderboard import build_leaderboard
 from draftsmith.report.leaderboard import build_rows, model_tables
+from draftsmith.report.leaderboard_site import build_leaderboard
 from draftsmith.report.results_io import load_results
 
 

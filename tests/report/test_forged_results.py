@@ -16,8 +16,8 @@ import pytest
 from result_files import make_result, workload, write
 
 from draftsmith.cli import main as cli_main
-from draftsmith.commands.leaderboard import build_leaderboard
 from draftsmith.report import plots
+from draftsmith.report.leaderboard_site import build_leaderboard
 from draftsmith.report.results_io import load_results
 
 
@@ -110,7 +110,7 @@ def test_sigint_during_a_leaderboard_leaves_no_plots_without_a_page(tmp_path):
     script = textwrap.dedent(f"""
         import os, signal
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a runner started in the background ignores SIGINT
-        from draftsmith.commands import leaderboard as cli_leaderboard
+        from draftsmith.report import leaderboard_site as cli_leaderboard
         real = cli_leaderboard.render_markdown
         def interrupted(*a, **k):  # the plots are drawn; the page is not written yet
             os.kill(os.getpid(), signal.SIGINT)
