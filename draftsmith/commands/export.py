@@ -12,10 +12,10 @@ from __future__ import annotations
 import sys
 
 from draftsmith.export.layout import DTYPES, ExportOptions, ExportValidationError
-from draftsmith.export.llamacpp.tools import GGUF_TYPES
 
 
 def add_arguments(parser) -> None:
+    from draftsmith.core.flags import argparse_kwargs, flag_fields, flag_name
     from draftsmith.export import EXPORTERS
 
     parser.add_argument("checkpoint", help="a draftsmith checkpoint directory, e.g. runs/NAME/final")
@@ -26,26 +26,33 @@ def add_arguments(parser) -> None:
     parser.add_argument("--num-speculative-tokens", type=int, default=None,
                         help="draft tokens per round in the serving config (default: the drafter's)")
     parser.add_argument("--verifier", default=None, help="the verifier as the engine loads it (default: recipe target.path)")
-    parser.add_argument("--max-model-len", type=int, default=None,
-                        help="hf: a draft LM with fewer positions than the target is served with requests limited to this")
     parser.add_argument("--engine-version", default=None,
                         help="vllm: 0.9.2, 0.20.0, 0.27.0 or 0.33.0; sglang: 0.5.23 (default: the newest): the release "
                              "the export and its serve command are checked against (export/engine_versions.py)")
-    parser.add_argument("--no-adaptive-verification", action="store_true",
-                        help="vllm dspark: serve with a fixed K instead of vLLM's adaptive verification (which the "
-                             "trained confidence head drives; vLLM >= 0.28)")
-    parser.add_argument("--dspark-draft-topk", type=int, default=None,
-                        help="vllm dspark: vLLM's dspark_draft_topk (Markov bias on the top-k base logits only)")
     parser.add_argument("--no-validate", action="store_true", help="skip the validation gate (not recommended)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a previous draftsmith export in --out (only the files an export writes)")
-    parser.add_argument("--target-gguf", default=None,
-                        help="llama.cpp: the target's existing GGUF (default: convert the target into --out)")
-    parser.add_argument("--gguf-type", default=None, choices=list(GGUF_TYPES),
-                        help="llama.cpp: the draft GGUF's tensor type (default f32; q8_0 by llama.cpp's converter, "
-                             "q4_0 by its llama-quantize)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="run the target's custom modelling code (never enabled by a checkpoint's config.yaml)")
+    added = set()
+    for fmt in EXPORTERS.names():  # each format's own flags, declared by its Exporter (Exporter.Flags)
+        flags = EXPORTERS.get(fmt).Flags
+        fields = [f for f in flag_fields(flags) if f.name not in added] if flags is not None else []
+        group = parser.add_argument_group(f"--to {fmt} only") if fields else None
+        for field in fields:  # a flag two formats declare is added once (the first format's help)
+            kwargs = argparse_kwargs(flags, field)
+            if kwargs.get("action") is None and "choices" not in kwargs:
+                kwargs.setdefault("metavar", field.name.upper())
+            group.add_argument(flag_name(field), dest=field.name, **kwargs)
+            added.add(field.name)
+
+
+def format_flags_given(args) -> dict:
+    """{field: value} of every format's own flags set on the command line (export() refuses those --to does not take)."""
+    from draftsmith.export.options import format_flags
+
+    return {f.name: getattr(args, f.name) for f in format_flags()
+            if getattr(args, f.name, f.field.default) != f.field.default}
 
 
 def main(args) -> int:
@@ -53,10 +60,7 @@ def main(args) -> int:
     from draftsmith.export.api import export
 
     opts = ExportOptions(dtype=args.dtype, num_speculative_tokens=args.num_speculative_tokens, verifier=args.verifier,
-                         max_model_len=args.max_model_len, engine_version=args.engine_version,
-                         adaptive_verification=not args.no_adaptive_verification,
-                         dspark_draft_topk=args.dspark_draft_topk, target_gguf=args.target_gguf,
-                         gguf_type=args.gguf_type)
+                         engine_version=args.engine_version, flags=format_flags_given(args))
     try:
         result = export(args.checkpoint, args.to, args.out, opts, validate=not args.no_validate,
                         overwrite=args.overwrite, trust_remote_code=args.trust_remote_code)

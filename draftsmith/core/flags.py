@@ -23,9 +23,11 @@ _TYPES = {int: int, float: float, Path: Path}
 _LATE = ("help", "choices", "metavar")  # keywords that may be given as callables
 
 
-def flag(default: Any, *, help: Any = None, positional: bool = False, **argparse_kwargs: Any) -> Any:
-    """A dataclass field that is also one command-line flag (keywords: those of argparse's add_argument)."""
-    spec = {"help": help, "positional": positional, **argparse_kwargs}
+def flag(default: Any, *, help: Any = None, positional: bool = False, about: str | None = None,
+         **argparse_kwargs: Any) -> Any:
+    """A dataclass field that is also one command-line flag (keywords: those of argparse's add_argument; `about`: a
+    short phrase messages may quote after the flag, e.g. "the draft GGUF's tensor type")."""
+    spec = {"help": help, "positional": positional, "about": about, **argparse_kwargs}
     return dataclasses.field(default=default, metadata={FLAG: spec})
 
 
@@ -44,7 +46,7 @@ def _plain_type(annotation: Any) -> Any:
 
 def argparse_kwargs(cls: type, field: dataclasses.Field) -> dict:
     """The keywords add_argument gets for `field` of dataclass `cls`."""
-    kwargs = {key: value for key, value in field.metadata[FLAG].items() if key != "positional"}
+    kwargs = {key: value for key, value in field.metadata[FLAG].items() if key not in ("positional", "about")}
     for key in _LATE:
         if callable(kwargs.get(key)):
             kwargs[key] = kwargs[key]()

@@ -25,6 +25,10 @@ class Registry(Generic[T]):
 
         return add
 
+    def unregister(self, name: str) -> None:
+        """Remove `name` (a registration made for one test or one session); unknown names are ignored."""
+        self._items.pop(name, None)
+
     def get(self, name: str) -> T:
         if name not in self._items:
             hint = difflib.get_close_matches(name, self._items, n=2)  # 'eagle': both 'peagle' and 'eagle3' fit

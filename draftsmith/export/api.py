@@ -126,13 +126,15 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
     from draftsmith.checkpoint import load_drafter
     from draftsmith.export import engine_versions
     from draftsmith.export.layout import EXPORTERS
-    from draftsmith.export.options import refuse_format_options, refuse_layout_options
+    from draftsmith.export.options import given_flags, own_flags, refuse_format_options, refuse_layout_options
     from draftsmith.export.support import can_export
 
     exporter = EXPORTERS.get(to)()
     opts = options or ExportOptions()
     exporter.check_options(opts)
-    refuse_format_options(to, opts)
+    given = given_flags(opts)
+    refuse_format_options(to, given)
+    opts = dataclasses.replace(opts, flags=exporter.typed_flags(own_flags(to, given)))  # the format's Flags, typed
     version = engine_versions.resolve(to, opts.engine_version)  # None: a format without a version table
     out = Path(out).resolve()
     source = Path(checkpoint) if isinstance(checkpoint, (str, os.PathLike)) else None
@@ -144,7 +146,7 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
     if reasons:
         raise UserError("; ".join(reasons))
     layout = exporter.layout(kind)
-    refuse_layout_options(to, kind, opts)
+    refuse_layout_options(to, kind, given)
     opts = layout.options_for(opts, version)  # vLLM 0.27 DSpark: no adaptive-verification fields
     layout.check_loaded(loaded, opts)
     profile = json.loads(profile_text) if profile_text is not None else None

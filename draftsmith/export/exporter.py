@@ -19,8 +19,10 @@ class Exporter:
 
     name: ClassVar[str] = ""
     engine: ClassVar[str] = ""
-    # ExportOptions fields only this format reads (api.export refuses them for other formats)
-    own_options: ClassVar[frozenset[str]] = frozenset()
+    # This format's own flags: a dataclass of core.flags.flag() fields (None: it has none). `draftsmith export` adds
+    # them to its command line, export() refuses them for other formats (export/options.py), and layouts read them
+    # typed as opts.flags (a layout that reads only some of them names those in Layout.own_options).
+    Flags: ClassVar[type | None] = None
     # False when the export is checked by an external program (llama.cpp: llama-server), so the architecture
     # matrix, which checks exports in-process, does not run it; the format's own round-trip tests do
     checked_in_process: ClassVar[bool] = True
@@ -40,6 +42,12 @@ class Exporter:
         if why:
             raise UserError(why)
         return layouts(self.name).get(kind)(self.name, self.engine, kind)
+
+    def typed_flags(self, given) -> object | None:
+        """This format's Flags built from `given` ({field: value}, or a Flags instance already), None without Flags."""
+        if self.Flags is None or isinstance(given, self.Flags):
+            return given if self.Flags is not None else None
+        return self.Flags(**dict(given or {}))
 
     def check_options(self, opts: ExportOptions) -> None:
         """Raise for an option this format does not read (before anything is loaded)."""

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 
 from draftsmith.core.errors import UserError
+from draftsmith.core.flags import flag
 from draftsmith.export.exporter import Exporter
 from draftsmith.export.layout import (
     EXPORTERS,
@@ -60,11 +63,22 @@ class _HFDraft:
         return DraftModelProposer(self.model, target.vocab_size, name=self.kind)
 
 
+@dataclass
+class HFFlags:
+    """--to hf's own flags."""
+
+    # serve with requests limited to this many tokens, for a draft LM whose max_position_embeddings is below the
+    # target's; None: the draft must cover the target's context
+    max_model_len: Optional[int] = flag(
+        None, about="a draft LM with a shorter context",
+        help="hf: a draft LM with fewer positions than the target is served with requests limited to this")
+
+
 @EXPORTERS.register("hf")
 class HFExporter(Exporter):
     name = "hf"
     engine = "Hugging Face"
-    own_options = frozenset({"max_model_len"})
+    Flags = HFFlags
 
 
 @layouts("hf").register("draft_lm")
@@ -76,8 +90,8 @@ class HFDraftLMLayout(Layout):
         dtype = export_dtype(loaded, opts) if opts.dtype else target.dtype
         k = num_tokens(loaded, opts, 5)
         extra = {"num_speculative_tokens": k}
-        if opts.max_model_len is not None:
-            extra["max_model_len"] = int(opts.max_model_len)
+        if opts.flags.max_model_len is not None:
+            extra["max_model_len"] = int(opts.flags.max_model_len)
         side = sidecar(loaded, self.name, self.engine, opts, extra)
         return ExportFiles(config={}, tensors={}, sidecar=side,
                            writer=lambda directory: d.save_hf(directory, target.tokenizer, dtype))
@@ -126,7 +140,7 @@ class HFDraftLMLayout(Layout):
     def serve_command(self, out_dir: Path, loaded, opts: ExportOptions) -> str:
         k = num_tokens(loaded, opts, 5)
         spec = json.dumps({"model": str(out_dir), "num_speculative_tokens": k, "method": "draft_model"})
-        limit = f" --max-model-len {int(opts.max_model_len)}" if opts.max_model_len is not None else ""
+        limit = f" --max-model-len {int(opts.flags.max_model_len)}" if opts.flags.max_model_len is not None else ""
         return f"vllm serve {shlex.quote(verifier_name(loaded, opts))}{limit} --speculative-config {shlex.quote(spec)}"
 
 
@@ -149,7 +163,7 @@ def check_positions(draft: int, target: int, limit: int | None) -> list[str]:
         return [f"config.json: the draft LM's max_position_embeddings is {draft}, the target's is {target}: requests "
                 f"longer than {draft} tokens would run the draft past its trained positions. Fix: retrain the draft with "
                 f"{target} positions (e.g. drafter.model_config.max_position_embeddings={target}, or init: shrink), or "
-                f"export with --max-model-len {draft} (ExportOptions(max_model_len={draft})) to serve requests of at "
+                f"export with --max-model-len {draft} (ExportOptions(flags={{'max_model_len': {draft}}})) to serve requests of at "
                 f"most {draft} tokens"]
     if limit < 1 or limit > target:
         return [f"draftsmith.json: max_model_len {limit} must lie in 1..{target} (the target's max_position_embeddings)"]

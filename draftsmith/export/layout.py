@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -30,23 +30,12 @@ class ExportOptions:
     num_speculative_tokens: int | None = None
     # The verifier as the engine should load it (HF id or path); None: the recipe's target.path.
     verifier: str | None = None
-    # hf only: serve with requests limited to this many tokens (--max-model-len), for a draft LM whose
-    # max_position_embeddings is below the target's; None: the draft must cover the target's context.
-    max_model_len: int | None = None
     # The engine release to serve with (--engine-version, e.g. vLLM 0.27.0); None: the newest release whose
     # loaders draftsmith has read (export/engine_versions.py). The gate refuses a kind that release cannot serve.
     engine_version: str | None = None
-    # vllm dspark only: serve with vLLM's adaptive verification (enable_adaptive_verification, vLLM >= 0.28), the
-    # feature that makes the trained confidence head set each round's verify length; False: fixed K (--no-adaptive-verification).
-    adaptive_verification: bool = True
-    # vllm dspark only: vLLM's dspark_draft_topk (>= 0.28): the Markov bias is added to the top-k base logits only
-    # (faster, may change drafts, never the output); None: the full projection, as draftsmith trains and evaluates.
-    dspark_draft_topk: int | None = None
-    # llama.cpp only: the target's existing GGUF (--target-gguf); None: the export converts the target
-    target_gguf: str | None = None
-    # llama.cpp only: the draft GGUF's tensor type (--gguf-type): f32 / f16 / bf16 / q8_0 are written by llama.cpp's
-    # converter, q4_0 by its llama-quantize from the f32 file; None: f32
-    gguf_type: str | None = None
+    # The format's own flags (its Exporter.Flags dataclass: --target-gguf for llama.cpp, --max-model-len for hf, ...):
+    # given as {field name: value}; export() checks them against the format and hands layouts the typed Flags.
+    flags: Any = field(default_factory=dict)
 
 
 @dataclass
@@ -82,6 +71,13 @@ EXPORTERS: Registry = Registry("export format")
 # format -> its layouts, one per drafter kind it takes, registered under the kind's name in the format's
 # own file: `@layouts("vllm").register(KIND)` (one layout class may serve several kinds).
 LAYOUTS: dict[str, Registry] = {}
+
+
+def unregister_format(fmt: str) -> None:
+    """Remove a format registered for one test or session: its exporter, its layouts and its refusal lines."""
+    EXPORTERS.unregister(fmt)
+    LAYOUTS.pop(fmt, None)
+    REFUSED.unregister_format(fmt)
 
 
 def layouts(fmt: str) -> Registry:
@@ -411,6 +407,10 @@ class Refusals:
 
     def unregister(self, fmt: str, kind: str) -> None:
         self._gaps.pop((fmt, kind), None)
+
+    def unregister_format(self, fmt: str) -> None:
+        for key in [key for key in self._gaps if key[0] == fmt]:
+            del self._gaps[key]
 
     def reason(self, fmt: str, kind: str, fits: list[str]) -> str | None:
         """The message `--to fmt` refuses `kind` with (fits: the formats that take it), or None."""

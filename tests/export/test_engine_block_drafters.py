@@ -54,11 +54,11 @@ def test_vllm_dspark_serves_with_adaptive_verification(ckpts, tmp_path):
     tensors = load_file(str(result.out_dir / "model.safetensors"))
     assert torch.equal(tensors["confidence_head.proj.weight"], loaded.drafter.confidence_head.proj.weight)
 
-    off = export(path, "vllm", tmp_path / "off", ExportOptions(adaptive_verification=False), loaded=loaded)
+    off = export(path, "vllm", tmp_path / "off", ExportOptions(flags={"no_adaptive_verification": True}), loaded=loaded)
     assert "enable_adaptive_verification" not in speculative_config(off.serve_command)
     assert not off.serve_command.startswith("#")  # a fixed-K command that every vLLM with DSpark takes
 
-    topk = export(path, "vllm", tmp_path / "topk", ExportOptions(dspark_draft_topk=16), loaded=loaded)
+    topk = export(path, "vllm", tmp_path / "topk", ExportOptions(flags={"dspark_draft_topk": 16}), loaded=loaded)
     assert speculative_config(topk.serve_command)["dspark_draft_topk"] == 16
 
 
@@ -71,7 +71,7 @@ def test_vllm_0_27_dspark_gets_the_fixed_k_command(ckpts, tmp_path):
     assert spec["method"] == "dspark" and "enable_adaptive_verification" not in spec
     assert not old.serve_command.startswith("#")
     with pytest.raises(ValueError, match="--dspark-draft-topk: vLLM 0.27.0"):
-        export(path, "vllm", tmp_path / "topk", ExportOptions(engine_version="0.27", dspark_draft_topk=4), loaded=loaded)
+        export(path, "vllm", tmp_path / "topk", ExportOptions(engine_version="0.27", flags={"dspark_draft_topk": 4}), loaded=loaded)
     assert not (tmp_path / "topk").exists()
 
 
@@ -79,17 +79,17 @@ def test_vllm_0_27_dspark_gets_the_fixed_k_command(ckpts, tmp_path):
 def test_vllm_dspark_draft_topk_outside_the_draft_vocabulary_is_refused(ckpts, tmp_path, k):
     path, loaded = ckpts["dspark_dv"]
     with pytest.raises(ValueError, match=rf"--dspark-draft-topk {k}: .*1 <= k <= the draft vocabulary \(100\)"):
-        export(path, "vllm", tmp_path / "x", ExportOptions(dspark_draft_topk=k), loaded=loaded)
+        export(path, "vllm", tmp_path / "x", ExportOptions(flags={"dspark_draft_topk": k}), loaded=loaded)
     assert not (tmp_path / "x").exists()
 
 
 def test_dspark_options_are_refused_for_other_exports(ckpts, tmp_path):
     path, loaded = ckpts["dflash_full"]
     with pytest.raises(ValueError, match="--dspark-draft-topk applies to --to vllm exports of dspark drafters"):
-        export(path, "vllm", tmp_path / "a", ExportOptions(dspark_draft_topk=4), loaded=loaded)
+        export(path, "vllm", tmp_path / "a", ExportOptions(flags={"dspark_draft_topk": 4}), loaded=loaded)
     path, loaded = ckpts["dspark_full"]
     with pytest.raises(ValueError, match="--no-adaptive-verification applies to --to vllm exports of dspark.*sglang"):
-        export(path, "sglang", tmp_path / "b", ExportOptions(adaptive_verification=False), loaded=loaded)
+        export(path, "sglang", tmp_path / "b", ExportOptions(flags={"no_adaptive_verification": True}), loaded=loaded)
 
 
 def _tampered(result, tmp_path, config_edit=None, rename=None):

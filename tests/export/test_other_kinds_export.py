@@ -201,13 +201,13 @@ def test_draft_lm_shorter_context_refused_unless_limited(ckpts, tmp_path):
     msg = str(err.value)
     assert "max_position_embeddings is 256, the target's is 1024" in msg and "--max-model-len 256" in msg
     assert not (tmp_path / "a").exists()
-    result = export(path, "hf", tmp_path / "b", ExportOptions(max_model_len=256), loaded=loaded)
+    result = export(path, "hf", tmp_path / "b", ExportOptions(flags={"max_model_len": 256}), loaded=loaded)
     assert " --max-model-len 256 " in result.serve_command
     assert json.loads((result.out_dir / "draftsmith.json").read_text())["max_model_len"] == 256
     with pytest.raises(ExportValidationError, match="below max_model_len 512"):
-        export(path, "hf", tmp_path / "c", ExportOptions(max_model_len=512), loaded=loaded)
+        export(path, "hf", tmp_path / "c", ExportOptions(flags={"max_model_len": 512}), loaded=loaded)
     with pytest.raises(ValueError, match="--max-model-len applies to --to hf"):
-        export(ckpts["medusa"][0], "vllm", tmp_path / "d", ExportOptions(max_model_len=256), loaded=ckpts["medusa"][1])
+        export(ckpts["medusa"][0], "vllm", tmp_path / "d", ExportOptions(flags={"max_model_len": 256}), loaded=ckpts["medusa"][1])
 
 
 # --------------------------------------------------------------------------- one failure per kind

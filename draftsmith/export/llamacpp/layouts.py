@@ -39,14 +39,16 @@ import shlex
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 from draftsmith import __version__
 from draftsmith import config as config_mod
 from draftsmith.core.errors import UserError
+from draftsmith.core.flags import flag
 from draftsmith.export.exporter import Exporter
 from draftsmith.export.layout import EXPORTERS, REFUSED, ExportFiles, ExportOptions, Layout, layouts, not_taken
 from draftsmith.export.llamacpp import doctor as llamacpp_doctor
+from draftsmith.export.llamacpp.tools import GGUF_TYPES
 
 FORMAT = "llama.cpp"
 _SPEC_TYPES = "its --spec-type values: draft-simple, draft-eagle3, draft-dflash, draft-dspark, draft-mtp, ngram-*"
@@ -184,9 +186,9 @@ class LlamaCppLayout(Layout):
     def plan(self, loaded, opts: ExportOptions, out_dir: Path) -> Plan:
         from draftsmith.export.llamacpp.tools import find_llama_cpp
 
-        given = Path(opts.target_gguf).resolve() if opts.target_gguf else None
+        given = Path(opts.flags.target_gguf).resolve() if opts.flags.target_gguf else None
         if given is not None and not given.is_file():
-            raise UserError(f"--target-gguf {opts.target_gguf}: no such file; give the target's GGUF or omit the flag "
+            raise UserError(f"--target-gguf {opts.flags.target_gguf}: no such file; give the target's GGUF or omit the flag "
                             "to convert it")
         k = self.default_k(loaded.drafter) if opts.num_speculative_tokens is None else int(opts.num_speculative_tokens)
         self.check_k(loaded.drafter, k)
@@ -208,7 +210,7 @@ class LlamaCppLayout(Layout):
                 hf_dir = Path(work) / "hf"  # the directory llama.cpp's converter reads
                 self.write_source(loaded, hf_dir, p.k)
                 target_dir = p.target_dir or write_gguf_target_dir(loaded, Path(work) / "target")
-                write_draft(p.tools, hf_dir, tmp / self.draft_file, opts.gguf_type,
+                write_draft(p.tools, hf_dir, tmp / self.draft_file, opts.flags.gguf_type,
                             target_dir=target_dir if self.reads_target_features else None)
             if p.given_target is None:
                 convert(p.tools, p.target_dir, tmp / p.target_path.name)
@@ -222,7 +224,7 @@ class LlamaCppLayout(Layout):
             "format": FORMAT, "engine": "llama.cpp", "llama_cpp": {"sdist": "llama-cpp-python==0.3.36",
                                                                    "server_version": p.tools.version()},
             "drafter_kind": self.kind, "spec_type": self.spec_type, "num_speculative_tokens": p.k,
-            "draft": self.draft_file, "draft_gguf_type": opts.gguf_type or "f32",
+            "draft": self.draft_file, "draft_gguf_type": opts.flags.gguf_type or "f32",
             "target": p.target_path.name if p.given_target is None else str(p.given_target),
             "target_converted_by_draftsmith": p.given_target is None, "target_dir": str(p.target_dir or GGUF_TARGET_DIR),
             "aux_layer_ids": list(getattr(loaded.drafter, "aux_layer_ids", []) or []),
@@ -238,13 +240,26 @@ class LlamaCppLayout(Layout):
         return serve_command(p.tools, p.target_path, out_dir / self.draft_file, self.spec_type, p.k)
 
 
+@dataclass
+class LlamaCppFlags:
+    """--to llama.cpp's own flags."""
+
+    # the target's existing GGUF; None: the export converts the target
+    target_gguf: Optional[str] = flag(None, help="llama.cpp: the target's existing GGUF (default: convert the target into --out)")
+    # the draft GGUF's tensor type: f32 / f16 / bf16 / q8_0 are written by llama.cpp's converter, q4_0 by its
+    # llama-quantize from the f32 file; None: f32
+    gguf_type: Optional[str] = flag(None, choices=list(GGUF_TYPES), about="the draft GGUF's tensor type",
+                                    help="llama.cpp: the draft GGUF's tensor type (default f32; q8_0 by llama.cpp's converter, "
+                                         "q4_0 by its llama-quantize)")
+
+
 @EXPORTERS.register(FORMAT)
 class LlamaCppExporter(Exporter):
     """GGUF files llama.cpp serves, written by its own converter; validated by loading them in llama-server."""
 
     name = FORMAT
     engine = "llama.cpp"
-    own_options = frozenset({"target_gguf", "gguf_type"})
+    Flags = LlamaCppFlags
     checked_in_process = False  # llama-server checks it (tests/export/test_llamacpp_roundtrip.py)
     copies_profile = False  # the serve command carries k (--spec-draft-n-max); no profile is copied
     doctor = llamacpp_doctor
@@ -346,7 +361,8 @@ def write_format_dir(fmt: str, loaded, directory: Path, k: int) -> None:
     format validates them (the converter then reads them)."""
     from draftsmith.export.api import write_files
 
-    exporter, opts = EXPORTERS.get(fmt)(), ExportOptions(num_speculative_tokens=k)
+    exporter = EXPORTERS.get(fmt)()
+    opts = ExportOptions(num_speculative_tokens=k, flags=exporter.typed_flags({}))  # that format's default flags
     files = exporter.build(loaded, opts, directory)
     directory.mkdir(parents=True, exist_ok=True)
     write_files(files, directory)
@@ -454,7 +470,7 @@ def export_llamacpp(checkpoint, out, target_gguf=None, k: int | None = None, val
     """`export(checkpoint, "llama.cpp", out)` (api.export), described as the GGUF files it wrote."""
     from draftsmith.export.api import export
 
-    result = export(checkpoint, FORMAT, out, ExportOptions(num_speculative_tokens=k, target_gguf=target_gguf),
+    result = export(checkpoint, FORMAT, out, ExportOptions(num_speculative_tokens=k, flags={"target_gguf": target_gguf}),
                     validate=validate, overwrite=overwrite, loaded=loaded)
     side = result.sidecar
     return LlamaCppExport(out_dir=result.out_dir, draft=result.out_dir / side["draft"],

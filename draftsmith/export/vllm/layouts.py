@@ -31,12 +31,15 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 
 from draftsmith.core.errors import UserError
 from draftsmith.core.files import read_json_object
+from draftsmith.core.flags import flag
 from draftsmith.export import engine_versions
 from draftsmith.export.eagle_tensors import (
     check_eagle3_aux_count,
@@ -86,12 +89,29 @@ def is_medusa2(drafter) -> bool:
     return bool(drafter.cfg.lora)
 
 
+@dataclass
+class VLLMFlags:
+    """--to vllm's own flags (both read by the DSpark layout only: vLLM's DSpark speculative-config fields)."""
+
+    # serve with a fixed K instead of vLLM's adaptive verification (enable_adaptive_verification, vLLM >= 0.28), the
+    # feature that makes the trained confidence head set each round's verify length
+    no_adaptive_verification: bool = flag(
+        False, about="vLLM's DSpark speculative-config fields",
+        help="vllm dspark: serve with a fixed K instead of vLLM's adaptive verification (which the trained confidence "
+             "head drives; vLLM >= 0.28)")
+    # vLLM's dspark_draft_topk (>= 0.28): the Markov bias is added to the top-k base logits only (faster, may change
+    # drafts, never the output); None: the full projection, as draftsmith trains and evaluates
+    dspark_draft_topk: Optional[int] = flag(None, about="vLLM's DSpark speculative-config fields",
+                                            help="vllm dspark: vLLM's dspark_draft_topk (Markov bias on the top-k base logits only)")
+
+
 @EXPORTERS.register("vllm")
 class VLLMExporter(Exporter):
     """vLLM: one layout per kind (eagle3, medusa, mlp_speculator here; block and peagle in vllm_parallel.py)."""
 
     name = "vllm"
     engine = "vLLM"
+    Flags = VLLMFlags
     doctor = vllm_doctor
 
 

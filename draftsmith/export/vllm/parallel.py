@@ -179,8 +179,8 @@ DSPARK_SERVING_SINCE = "0.28.0"
 
 def dspark_serve_fields(drafter, opts) -> dict:
     """The --speculative-config fields of a DSpark export beyond model / K / method (see above)."""
-    fields = {"enable_adaptive_verification": True} if opts.adaptive_verification else {}
-    k, dv = opts.dspark_draft_topk, int(drafter.d2t.shape[0])
+    fields = {} if opts.flags.no_adaptive_verification else {"enable_adaptive_verification": True}
+    k, dv = opts.flags.dspark_draft_topk, int(drafter.d2t.shape[0])
     if k is not None:
         if not 1 <= k <= dv:
             raise UserError(f"--dspark-draft-topk {k}: vLLM's config/speculative.py needs 1 <= k <= the draft "
@@ -196,10 +196,10 @@ def dspark_options_for_release(opts, version: str | None):
         return opts
     if tuple(map(int, version.split("."))) >= tuple(map(int, DSPARK_SERVING_SINCE.split("."))):
         return opts
-    if opts.dspark_draft_topk is not None:
+    if opts.flags.dspark_draft_topk is not None:
         raise UserError(f"--dspark-draft-topk: vLLM {version}'s config/speculative.py has no dspark_draft_topk (it "
                          f"exists since {DSPARK_SERVING_SINCE}); drop the flag or pass --engine-version 0.33.0")
-    return dataclasses.replace(opts, adaptive_verification=False)
+    return dataclasses.replace(opts, flags=dataclasses.replace(opts.flags, no_adaptive_verification=True))
 
 
 @layouts("vllm").register("dspark")
@@ -208,7 +208,7 @@ class VLLMDSparkLayout(VLLMBlockLayout):
     vLLM's adaptive verification unless --no-adaptive-verification (see dspark_serve_fields)."""
 
     arch = "DSparkSpeculator"
-    own_options = frozenset({"adaptive_verification", "dspark_draft_topk"})  # vLLM's DSpark speculative-config fields
+    own_options = frozenset({"no_adaptive_verification", "dspark_draft_topk"})  # vLLM's DSpark speculative-config fields
 
     def options_for(self, opts, version: str | None):
         return dspark_options_for_release(opts, version)
