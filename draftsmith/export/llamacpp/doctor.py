@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftsmith.core.errors import UserError
 from draftsmith.export.doctor.args import MAX_INT_DIGITS, Command, as_float, scan
-from draftsmith.export.doctor.checks import draft_finding, release_findings, same_path
+from draftsmith.export.doctor.checks import draft_finding, same_path
 from draftsmith.export.doctor.contract import Contract, Finding
 
 PROGRAM = "llama-server"  # how `draftsmith doctor` names the program it reads
@@ -125,8 +126,36 @@ def check(contract: Contract, got: Settings, want: Settings, release: str | None
     if got.values.get("replace"):
         found.append(Finding("draft vocabulary", f"translate draft tokens with --spec-replace {' '.join(got.values['replace'])}",
                              "the target's own vocabulary (the draft GGUF carries it)", "drop --spec-replace"))
-    _, unchecked = release_findings(contract, release, ENGINE)
-    return found, unchecked + ["dtype (the GGUF files carry their own)"] + got.unchecked
+    more, unchecked = release_checks(contract, release)
+    return found + more, unchecked + ["dtype (the GGUF files carry their own)"] + got.unchecked
+
+
+def installed_release() -> str | None:
+    """The `llama-server --version` line of the project's own build (scripts/install_llama_cpp.sh), found as
+    `eval --engine` finds it (export/llamacpp/tools.find_llama_cpp: DRAFTSMITH_LLAMA_SERVER, DRAFTSMITH_LLAMA_CPP_DIR,
+    the install script's cache); None where there is none."""
+    from draftsmith.export.llamacpp.tools import LlamaCppMissing, find_llama_cpp
+
+    try:
+        return find_llama_cpp().version()
+    except (LlamaCppMissing, OSError, subprocess.SubprocessError):
+        return None
+
+
+def release_checks(contract: Contract, release: str | None) -> tuple[list[Finding], list[str]]:
+    """The llama-server build against the one the export was checked with (draftsmith.json llama_cpp.server_version;
+    llama.cpp has no release table here): the same build is checked, another is a note."""
+    if release is None:
+        return [], [f"{ENGINE} release (no llama-server found: build it with `bash scripts/install_llama_cpp.sh`, or "
+                    "pass --engine-version)"]
+    side = contract.sidecar.get("llama_cpp")
+    checked_with = side.get("server_version") if isinstance(side, dict) else None
+    if isinstance(checked_with, str) and release.strip() == checked_with.strip():
+        return [], []
+    return [Finding("engine release", f"run {release[:120]}", f"the llama-server the export was checked with "
+                    f"({str(checked_with)[:120] if checked_with else 'not recorded'})",
+                    "serve with that build (bash scripts/install_llama_cpp.sh builds it), or export again with this one",
+                    changes_acceptance=False)], []
 
 
 def n_max_findings(contract: Contract, got: Settings) -> list[Finding]:

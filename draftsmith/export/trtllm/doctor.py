@@ -9,10 +9,12 @@ the PyTorch backend's); the target = the fingerprinted verifier. TensorRT-LLM ha
 """
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftsmith.core.errors import UserError
 from draftsmith.export.doctor.args import Command, read_config_file, scan
 from draftsmith.export.doctor.checks import draft_finding, release_findings, target_finding
 from draftsmith.export.doctor.contract import Contract, Finding
@@ -56,7 +58,21 @@ def read(command: Command, source: str, options_file: str | None = None) -> Sett
 
 
 def expected(contract: Contract, command: Command) -> Settings:
-    return read(command, f"{contract.export_dir}/draftsmith.json serve_command", str(contract.export_dir / SERVE_FILE))
+    return read(command, f"{contract.export_dir}/draftsmith.json serve_command", str(own_file(contract)))
+
+
+def own_file(contract: Contract) -> Path:
+    """The export's extra_llm_api_options.yaml: a file inside the export (a received export's link to /etc/shadow or
+    anywhere else outside it is refused, never read)."""
+    path = contract.export_dir / SERVE_FILE
+    try:
+        inside = path.resolve().is_relative_to(contract.export_dir.resolve())
+    except (OSError, RuntimeError):  # a link loop
+        inside = False
+    if not inside:
+        raise UserError(f"{path}: a link out of the export (to {os.readlink(path) if path.is_symlink() else '?'}); "
+                        f"the export's {SERVE_FILE} must be its own file: export again")
+    return path
 
 
 def config_command(path) -> Command:

@@ -260,6 +260,9 @@ def release_field_findings(contract: Contract, got: Settings, release: str | Non
     found = []
     serving = contract.sidecar.get("vllm_dspark_serving")
     needs = serving.get("needs_vllm") if isinstance(serving, dict) else None
+    if needs is not None and not (isinstance(needs, str) and re.fullmatch(r">=\s*\d{1,4}(\.\d{1,4}){0,3}", needs)):
+        raise UserError(f"{contract.export_dir}/draftsmith.json: vllm_dspark_serving.needs_vllm {str(needs)[:40]!r} is "
+                        "not a release such as '>= 0.28.0'; the file is damaged: export again")
     fields = {k: None for k in ("enable_adaptive_verification", "dspark_draft_topk") if k in got.spec}
     if needs and fields and version_tuple(release) < version_tuple(needs.lstrip(">= ")):
         found.append(Finding("engine release", f"reject {', '.join(fields)} in {release}",
