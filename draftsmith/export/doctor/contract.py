@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-from draftsmith.core.bounds import check_draft_tokens
+from draftsmith.core.bounds import MAX_DRAFT_TOKENS, check_draft_tokens
 from draftsmith.core.errors import UserError
 from draftsmith.core.files import read_json_object
 from draftsmith.export.layout import CONFIG_FILE, EXPORTERS, SIDECAR_FILE, layouts
@@ -107,6 +107,15 @@ class Contract:
         except UserError:
             return True
         return False
+
+    def k_does(self, k) -> str:
+        """What an engine does with a k that k_problem refuses, in words (`true` is no number of tokens)."""
+        if isinstance(k, bool) or not isinstance(k, int):
+            return f"refuse or misread k {str(k)[:40]!r} (not a whole number of draft tokens)"
+        if k > MAX_DRAFT_TOKENS:
+            return (f"draft {k} tokens a round, past the {MAX_DRAFT_TOKENS} `draftsmith export` allows (no engine "
+                    "verifies more, and no draft token is accepted that far)")
+        return f"draft {k} tokens a round"
 
     def trained_k(self) -> str:
         """The k the drafter was trained and exported for, in words."""

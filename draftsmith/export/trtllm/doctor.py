@@ -97,8 +97,8 @@ def check(contract: Contract, got: Settings, want: Settings, release: str | None
     found += draft_finding(None if model is None else str(model), contract.export_dir,
                            lambda p: fix("speculative_model", p))
     k = got.spec.get("max_draft_len")
-    if not isinstance(k, int) or contract.k_problem(k):
-        found.append(Finding("max_draft_len", f"draft {k!r} tokens a round", contract.trained_k(),
+    if contract.k_problem(k):
+        found.append(Finding("max_draft_len", contract.k_does(k), contract.trained_k(),
                              fix("max_draft_len", contract.k)))
     elif k != contract.k:
         found.append(Finding("max_draft_len", f"draft {k} tokens a round (allowed; positions past the trained ones "

@@ -243,8 +243,8 @@ def k_findings(contract: Contract, got: Settings, want: Settings, fix) -> list[F
             return []
         return [Finding("num_speculative_tokens", "refuse the config or pick its own k (unset)", contract.trained_k(),
                         fix(num_speculative_tokens=contract.k))]
-    if not isinstance(k, int) or contract.k_problem(k):
-        return [Finding("num_speculative_tokens", f"draft {k!r} tokens a round", contract.trained_k(),
+    if contract.k_problem(k):
+        return [Finding("num_speculative_tokens", contract.k_does(k), contract.trained_k(),
                         fix(num_speculative_tokens=contract.k))]
     if k != contract.k:
         return [Finding("num_speculative_tokens", f"draft {k} tokens a round (allowed; positions past the trained "
