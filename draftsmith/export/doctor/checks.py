@@ -16,6 +16,8 @@ AUTO_DTYPES = ("auto", None)
 
 
 def same_path(given: str, want: Path) -> bool:
+    if not isinstance(given, str):  # a config's `model` given as a list or number (vLLM's `--speculative-config.model+`)
+        return False
     try:
         return Path(given).expanduser().resolve() == Path(want).resolve()
     except (OSError, RuntimeError, ValueError):
@@ -26,7 +28,7 @@ def draft_finding(given: str | None, want: Path, fix: Callable[[str], str], what
     """The draft the engine loads must be this export's directory (or its draft file)."""
     if given is not None and same_path(given, want):
         return []
-    does = f"load the draft from {given}" if given else "load no draft model of this export"
+    does = f"load the draft from {str(given)[:200]}" if given else "load no draft model of this export"
     return [Finding(what, does, f"the files in {want}", fix(str(want)))]
 
 
