@@ -88,8 +88,10 @@ def dotted(draw, words: list[str]) -> tuple[list[str], str]:
     i = words.index("--speculative-config")
     try:
         spec = json.loads(words[i + 1])
-    except (IndexError, ValueError):
+    except (IndexError, ValueError, RecursionError):
         return words, "JSON unreadable"
+    if not isinstance(spec, dict):
+        return words, "JSON not an object"
     keys = draw(st.lists(st.sampled_from(sorted(spec) or ["model"]), min_size=1, max_size=4, unique=True))
     out = words[:i] + words[i + 2:] if draw(st.booleans()) else list(words)
     for key in keys:
@@ -112,7 +114,7 @@ def bad_value(draw, words: list[str]) -> tuple[list[str], str]:
     new, value = list(words), draw(values)
     try:
         spec = json.loads(words[i + 1])
-    except ValueError:
+    except (ValueError, RecursionError):
         spec = None
     if isinstance(spec, dict) and spec:
         key = draw(st.sampled_from(sorted(spec)))

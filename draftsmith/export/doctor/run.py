@@ -21,7 +21,7 @@ from draftsmith.export.doctor.args import Command, split_command
 from draftsmith.export.doctor.contract import Contract, Finding, read_contract
 from draftsmith.report.text_safe import plain_text
 
-MAX_LINE = 4000  # characters of one printed line: a finding quotes a path, a model name or a serve command
+MAX_LINE = 1500  # characters of one printed line: a finding quotes a path, a model name or a serve command
 
 
 def engine_readers() -> tuple:
@@ -127,6 +127,10 @@ def check_command(contract: Contract, command: Command, engine_version: str | No
     release = normalised_release(contract, engine_version or installed_release(engine))
     got = engine.read(command, "the serve command")
     want = engine.expected(contract, exported)
+    refused = getattr(want, "refused", None)
+    if refused:  # the export's own command is one its engine would not start: a damaged or foreign sidecar
+        raise UserError(f"{contract.export_dir}/draftsmith.json serve_command: {engine.ENGINE} would refuse it "
+                        f"({refused[0][1]}); the file is damaged or not this draftsmith's: export again")
     findings, unchecked = engine.check(contract, got, want, release)
     return Report(engine.ENGINE, findings, unchecked)
 

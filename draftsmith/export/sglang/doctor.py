@@ -135,6 +135,9 @@ def k_findings(contract: Contract, got: Settings, want: Settings) -> list[Findin
     """EAGLE algorithms count k in steps; block algorithms in draft tokens, one more than k (anchor / bonus)."""
     if want.get("steps") is not None:
         return steps_findings(contract, got, want)
+    if want.get("draft_tokens") is None:
+        raise UserError(f"{contract.export_dir}/draftsmith.json serve_command: sets no {DRAFT_TOKENS} for the "
+                        f"{contract.kind} drafter; the file is damaged or not this draftsmith's: export again")
     offset = as_int(want.get("draft_tokens"), DRAFT_TOKENS) - (contract.k or 0)
     fix = f"{DRAFT_TOKENS} {want.get('draft_tokens')}"
     raw, refused = block_draft_tokens(got)
