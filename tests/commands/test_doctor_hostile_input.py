@@ -250,3 +250,30 @@ def test_sglang_steps_past_the_bound(exports, capsys, flag, value):
     code, lines = run(capsys, directory, "--", *replace(last_line(served(directory)), flag, value))
     assert code == 1 and any(line.startswith("mismatch k") for line in lines), lines
     assert not any("allowed" in line for line in lines), lines
+
+
+# --------------------------------------------------------------------------- found by the harness (engine command lines)
+
+def test_a_model_given_as_a_list_is_a_finding(exports, capsys):
+    """`--speculative-config.model+ a,b` makes vLLM's model a list; doctor's path comparison raised TypeError."""
+    directory = exports[("eagle3", "vllm")]
+    code, lines = run(capsys, directory, "--", *last_line(served(directory)), "--speculative-config.model+", "a,b")
+    assert code == 1 and any(line.startswith("mismatch draft model: vLLM will load the draft from ['a', 'b']")
+                             for line in lines), lines
+
+
+def test_an_export_command_its_engine_refuses_is_one_line(copy_of, capsys):
+    """A received SGLang export whose serve_command spells --speculative_num_draft_tokens (SGLang refuses it)."""
+    directory = copy_of("eagle3", "sglang")
+    own = last_line(served(directory))
+    edit_sidecar(directory, serve_command=served(directory).replace("--speculative-num-draft-tokens",
+                                                                    "--speculative_num_draft_tokens"))
+    code, lines = run(capsys, directory, "--", *own)
+    one_line_exit_2(code, lines, "draftsmith.json serve_command", "unrecognized argument --speculative_num_draft_tokens")
+
+
+def test_an_unreadable_options_file_names_the_flag(exports, capsys):
+    directory = exports[("eagle3", "trtllm")]
+    words = last_line(served(directory))
+    code, lines = run(capsys, directory, "--", *words[:-1], "x" * 300)
+    one_line_exit_2(code, lines, "--extra_llm_api_options", "cannot be read")

@@ -8,8 +8,8 @@ Generated inputs in CI: 6 per engine and place (48 cases), a second or less each
 from __future__ import annotations
 
 import json
-import shutil
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest

@@ -1,8 +1,10 @@
 """Reading a serve command or an engine config the way the engines read them, with bounds: a command line
-is split as a POSIX shell splits it (shlex), leading NAME=VALUE words are the environment, a flag's value
-follows it or comes after `=`, the last of a repeated flag wins (argparse, click and llama.cpp alike), and
-`--a_b` is `--a-b` (vLLM's FlexibleArgumentParser and llama.cpp's arg.cpp both rewrite '_' to '-').
-JSON and YAML that a user hands over are bounded in size and nesting; every problem is one UserError line.
+is split as a POSIX shell splits it (shlex), in one pass and at most MAX_COMMAND_WORDS words; leading `env` and
+NAME=VALUE words are the environment; `scan` reads the flags with the spelling rules each engine's reader passes
+(vLLM: export/vllm/doctor.py, dotted keys included; SGLang: argparse's aliases and prefixes; llama.cpp: arg.cpp's
+'_' rewrite and no `=value`); the last of a repeated flag wins unless the engine adds the values up.
+JSON and YAML that a user hands over are bounded in size, nesting and integer digits; every problem is one
+UserError line.
 """
 from __future__ import annotations
 
@@ -213,9 +215,12 @@ def load_json_object(text: str, source: str) -> dict:
 def read_config_file(path, what: str) -> dict:
     """A config file a user names (JSON, or YAML for any other suffix), bounded; a mapping, else one line."""
     path = Path(path)
-    if not path.exists():
-        raise UserError(f"{path}: no such file; name the {what} the engine reads")
-    text = read_received_text(path, what, limit=MAX_CONFIG_BYTES)
+    try:
+        if not path.exists():
+            raise UserError(f"{str(path)[:200]}: no such file; name the {what} the engine reads")
+        text = read_received_text(path, what, limit=MAX_CONFIG_BYTES)
+    except OSError as exc:  # a name too long, a directory without permission
+        raise UserError(f"{str(path)[:200]}: cannot be read ({exc.strerror}); name the {what} the engine reads") from None
     if path.suffix.lower() == ".json":
         return load_json_object(text, str(path))
     try:

@@ -49,7 +49,12 @@ def read(command: Command, source: str, options_file: str | None = None) -> Sett
     positionals = flags.positionals[1:] if flags.positionals[:1] == ["serve"] else flags.positionals
     target = flags.get("model") or (positionals[0] if positionals else None)
     path = options_file or flags.get("options")
-    data = read_config_file(path, WHAT) if path else {}
+    try:
+        data = read_config_file(path, WHAT) if path else {}
+    except UserError as exc:
+        if options_file:
+            raise
+        raise UserError(f"{source}: {OPTIONS} (or --config): {exc}") from None
     spec = data.get("speculative_config")
     spec = spec if isinstance(spec, dict) else {}
     unchecked = [f"speculative_config.{k}" for k in spec if k not in CHECKED]
