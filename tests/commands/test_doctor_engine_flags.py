@@ -20,7 +20,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
+from draftsmith.core.errors import UserError
 from draftsmith.export.doctor.args import Command
 from draftsmith.export.sglang import doctor as sglang_doctor
 from draftsmith.export.sglang.cli_flags import OPTIONS
@@ -96,6 +98,7 @@ for argv in json.loads(sys.stdin.read()):
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--enforce-eager", action="store_true")
     try:
         ns = parser.parse_args(argv)
         out.append({"spec": ns.speculative_config or {}, "target": ns.model_tag, "dtype": ns.dtype})
@@ -115,20 +118,32 @@ VLLM_LINES = [
     ["m", "--speculative-config={\"model\": \"a.b\"}", "--served_model_name", "x.y"],
     ["--model", "m", "--speculative-config", "{}", "--speculative-config.model", "d"],
     ["m", "--speculative-config.num_speculative_tokens", "1_000", "--speculative-config.method", "null"],
+    ["m", "--config", "{config}", "--speculative-config.num_speculative_tokens", "4"],
+    ["--config", "{config}", "m", "--dtype", "float32"],
+    ["m", "--dtype=bfloat16", "--config", "{config}"],
 ]
+VLLM_CONFIG = {"speculative-config": {"model": "d", "num_speculative_tokens": 5, "method": "eagle3"},
+               "dtype": "half", "enforce_eager": True, "gpu-memory-utilization": 0.5}
 
 
 @pytest.mark.skipif(not VLLM_VERSIONS, reason="vLLM's parser code is not fetched (bash scripts/fetch_vllm_config_code.sh)")
 @pytest.mark.parametrize("version", VLLM_VERSIONS)
-def test_vllm_reading_matches_vllms_own_parser(version):
+def test_vllm_reading_matches_vllms_own_parser(version, tmp_path):
     """doctor's vLLM reader and vLLM's FlexibleArgumentParser (run from the fetched wheel) agree on the speculative
-    config, the target and --dtype of every command line above."""
+    config, the target and --dtype of every command line above (a --config YAML file included)."""
+    config = tmp_path / "serve.yaml"
+    config.write_text(yaml.safe_dump(VLLM_CONFIG))
+    lines = [[w.replace("{config}", str(config)) for w in argv] for argv in VLLM_LINES]
     done = subprocess.run([sys.executable, "-c", VLLM_PARSER, str(VLLM_CODE / version)], input=json.dumps(
-        [["serve", *argv] for argv in VLLM_LINES]), capture_output=True, text=True, timeout=300)
+        [["serve", *argv] for argv in lines]), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     theirs = json.loads(done.stdout.strip().splitlines()[-1])
-    for argv, vllm in zip(VLLM_LINES, theirs):
-        assert "error" not in vllm, (argv, vllm)
+    assert sum("error" in t for t in theirs) == 1, theirs  # `--config FILE m`: "No model specified!"
+    for argv, vllm in zip(lines, theirs):
+        if "error" in vllm:  # vLLM refuses the line: doctor too, in one line
+            with pytest.raises(UserError):
+                vllm_doctor.read(Command({}, ["vllm", "serve", *argv]), "test")
+            continue
         ours = vllm_doctor.read(Command({}, ["vllm", "serve", *argv]), "test")
         assert (ours.spec, ours.target, ours.dtype) == (vllm["spec"], vllm["target"], vllm["dtype"]), argv
 

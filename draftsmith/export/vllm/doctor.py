@@ -66,8 +66,9 @@ def recognises(argv: list[str]) -> bool:
 
 def read(command: Command, source: str) -> Settings:
     argv = command.argv
-    rest = argv[2:] if Path(argv[0]).name == "vllm" else argv[3:]
-    words, dotted = dotted_flags(rest, source)
+    serve = Path(argv[0]).name == "vllm"
+    rest = argv[2:] if serve else argv[3:]
+    words, dotted = dotted_flags(with_config_file(rest, serve, source), source)
     flags = scan(words, KNOWN, source, rename=vllm_name)
     spec_text = flags.get("spec")
     spec = load_json_object(spec_text, f"{source}: {SPEC_FLAG}") if spec_text is not None else {}
@@ -75,6 +76,41 @@ def read(command: Command, source: str) -> Settings:
     extra = flags.positionals[1:] if flags.get("model") is None else flags.positionals
     return Settings(command.env, target, spec, flags.get("dtype"), flags.unchecked + extra,
                     dotted.get(SPEC_FLAG, DottedUse()))
+
+
+def with_config_file(words: list[str], serve: bool, source: str) -> list[str]:
+    """`--config FILE.yaml` in a vLLM command, as FlexibleArgumentParser._pull_args_from_config reads it: the file's
+    keys become flags (`true` a bare flag, a list its items, an object its JSON, anything else its text; `false` is
+    left out) placed before the command line's own flags, which therefore win, and after `vllm serve`'s model."""
+    if "--config" not in words:
+        return words
+    if words.count("--config") > 1:
+        raise UserError(f"{source}: --config given {words.count('--config')} times; vLLM takes one config file")
+    i = words.index("--config")
+    if i + 1 >= len(words):
+        raise UserError(f"{source}: --config needs a file and the command ends; give the YAML file, or drop --config")
+    path = words[i + 1]
+    if path.split(".")[-1] not in ("yaml", "yml"):
+        raise UserError(f"{source}: --config {path[:200]}: vLLM reads a .yaml or .yml config file only")
+    pulled = []
+    for key, value in read_config_file(path, "vLLM --config file").items():
+        if value is True:
+            pulled.append(f"--{key}")
+        elif isinstance(value, list):
+            pulled += [f"--{key}", *map(str, value)] if value else []
+        elif isinstance(value, dict):
+            pulled += [f"--{key}", json.dumps(value)]
+        elif value is not False:
+            pulled += [f"--{key}", str(value)]
+    rest = words[:i] + words[i + 2:]
+    if not serve:
+        return pulled + rest
+    if not words[0].startswith("-"):  # the model right after `serve` (vLLM looks there before taking --config out)
+        return rest[:1] + pulled + rest[1:]
+    if "--model" not in pulled and not any(w == "--model" or w.startswith("--model=") for w in rest):
+        raise UserError(f"{source}: vllm serve --config {path[:200]}: no model right after `serve` and no `model` key in "
+                        "the file (vLLM stops: 'No model specified!'); write `vllm serve MODEL --config FILE`")
+    return pulled + rest
 
 
 def vllm_name(word: str) -> str:
