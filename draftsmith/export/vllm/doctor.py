@@ -1,6 +1,8 @@
 """`draftsmith doctor` for vLLM: `vllm serve MODEL --speculative-config JSON` (also `--speculative_config`,
-`--speculative-config.KEY VALUE`, `python -m vllm.entrypoints.openai.api_server --model MODEL`), or
-`--config FILE`: a speculative_config JSON, or a vLLM `--config` YAML holding `speculative_config`.
+`--speculative-config.KEY VALUE`, a `--config FILE.yaml` of the command's own, `python -m
+vllm.entrypoints.openai.api_server --model MODEL`), read as vLLM's FlexibleArgumentParser reads it (dotted_flags,
+with_config_file); or doctor's `--config FILE`: a speculative_config JSON, or a vLLM `--config` YAML holding
+`speculative_config`.
 
 What is compared with the export's own serve command (what the export was validated for):
   method and the fields that change what the draft computes (parallel_drafting, enable_adaptive_verification,
