@@ -46,6 +46,18 @@ def own_options_first(args) -> list[str]:
 
 
 def main(args) -> int:
+    from draftsmith.export.doctor.run import safe_line
+
+    try:
+        report = run_doctor(args)
+    except UserError as exc:  # its message may quote a received serve command: one terminal-safe line
+        raise UserError(safe_line(str(exc))) from None
+    for line in report.lines():
+        print(line)
+    return report.exit_code
+
+
+def run_doctor(args):
     from draftsmith.export.doctor.run import diagnose, diagnose_config
 
     serve = own_options_first(args)
@@ -53,9 +65,5 @@ def main(args) -> int:
         raise UserError("doctor: give the serve command after `--`, or --config FILE (one of the two), e.g. "
                         "`draftsmith doctor DIR -- vllm serve MODEL --speculative-config '{...}'`")
     if args.config:
-        report = diagnose_config(args.export_dir, args.config, args.engine_version)
-    else:
-        report = diagnose(args.export_dir, serve, args.engine_version)
-    for line in report.lines():
-        print(line)
-    return report.exit_code
+        return diagnose_config(args.export_dir, args.config, args.engine_version)
+    return diagnose(args.export_dir, serve, args.engine_version)

@@ -197,6 +197,11 @@ def read_json_object(path: str | Path, what: str) -> dict:
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); the {what} is damaged: "
                         "write it again") from None
+    except UserError:
+        raise
+    except ValueError as exc:  # an integer past Python's 4,300 digits ("Exceeds the limit ... integer string")
+        raise UserError(f"{path}: holds a number Python will not read ({str(exc)[:60]}); the {what} is damaged: "
+                        "write it again") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: holds a JSON {type(data).__name__}, not the object a {what} holds; "
                         "the file is damaged or not draftsmith's")

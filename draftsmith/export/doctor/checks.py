@@ -3,18 +3,21 @@ the dtype is the export's, the engine release serves the kind (export/engine_ver
 export's command sets. Each returns Findings (doctor_contract.Finding); `fix` builds the corrected flag."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable
 
 from draftsmith.core.errors import UserError
+from draftsmith.core.files import read_received_text
 from draftsmith.export import engine_versions
+from draftsmith.export.doctor.args import MAX_CONFIG_BYTES, load_json_object
 from draftsmith.export.doctor.contract import Contract, Finding
 
 AUTO_DTYPES = ("auto", None)
 
 
 def same_path(given: str, want: Path) -> bool:
+    if not isinstance(given, str):  # a config's `model` given as a list or number (vLLM's `--speculative-config.model+`)
+        return False
     try:
         return Path(given).expanduser().resolve() == Path(want).resolve()
     except (OSError, RuntimeError, ValueError):
@@ -25,17 +28,22 @@ def draft_finding(given: str | None, want: Path, fix: Callable[[str], str], what
     """The draft the engine loads must be this export's directory (or its draft file)."""
     if given is not None and same_path(given, want):
         return []
-    does = f"load the draft from {given}" if given else "load no draft model of this export"
+    does = f"load the draft from {str(given)[:200]}" if given else "load no draft model of this export"
     return [Finding(what, does, f"the files in {want}", fix(str(want)))]
 
 
 def _local_config(path: str) -> dict | None:
-    config = Path(path).expanduser() / "config.json"
+    """The config.json of a local target directory (None where `path` names no local directory holding one: a hub
+    id); a received file like any other: regular, bounded, shallow, else one line naming it."""
     try:
-        data = json.loads(config.read_text()) if config.is_file() and config.stat().st_size < 2**20 else None
-    except (OSError, ValueError):
+        config = Path(path).expanduser() / "config.json"
+        present = config.exists()
+    except (OSError, RuntimeError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    if not present:
+        return None
+    data = load_json_object(read_received_text(config, "target config.json", limit=MAX_CONFIG_BYTES), str(config))
+    return data
 
 
 def target_finding(given: str | None, contract: Contract, fix: Callable[[str], str]) -> list[Finding]:
@@ -96,10 +104,12 @@ def release_findings(contract: Contract, release: str | None, engine: str) -> tu
 
 
 def version_tuple(text: str) -> tuple[int, ...]:
+    """(0, 28, 0) for "v0.28.0" / ">= 0.28.0"; reading stops at the first piece with no digits or with more than a
+    release number holds (a received sidecar's 5,000-digit "version" is not parsed into an int)."""
     parts = []
-    for piece in str(text).strip().removeprefix("v").split("."):
+    for piece in str(text)[:200].strip().lstrip(">=<~ ").removeprefix("v").split("."):
         digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
+        if not digits or len(digits) > 9:
             break
         parts.append(int(digits))
     return tuple(parts)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+from draftsmith.core.bounds import MAX_DRAFT_TOKENS, check_draft_tokens
 from draftsmith.core.errors import UserError
 from draftsmith.core.files import read_json_object
 from draftsmith.export.layout import CONFIG_FILE, EXPORTERS, SIDECAR_FILE, layouts
@@ -51,7 +52,7 @@ class Contract:
     @property
     def k(self) -> int | None:
         k = self.sidecar.get("num_speculative_tokens")
-        return k if isinstance(k, int) else None
+        return k if isinstance(k, int) and not isinstance(k, bool) else None
 
     @property
     def serve_command(self) -> str:
@@ -85,8 +86,11 @@ class Contract:
         return size if isinstance(size, int) and DRAFTERS.get(self.kind).drafts_block else None
 
     def k_problem(self, k: int) -> bool:
-        """Whether the export layout's k rule refuses `k` draft tokens a round."""
-        if k < 1:
+        """Whether `k` draft tokens a round is refused: by the bound `draftsmith export` applies to every format
+        (core/bounds.check_draft_tokens: a whole number in 1..64; `true` is not 1), then by the layout's k rule."""
+        try:
+            k = check_draft_tokens(k, "k")
+        except UserError:
             return True
         layout = layouts(self.fmt).get(self.kind)(self.fmt, EXPORTERS.get(self.fmt).engine, self.kind)
         check = getattr(layout, "check_k", None)
@@ -103,6 +107,15 @@ class Contract:
         except UserError:
             return True
         return False
+
+    def k_does(self, k) -> str:
+        """What an engine does with a k that k_problem refuses, in words (`true` is no number of tokens)."""
+        if isinstance(k, bool) or not isinstance(k, int):
+            return f"refuse or misread k {str(k)[:40]!r} (not a whole number of draft tokens)"
+        if k > MAX_DRAFT_TOKENS:
+            return (f"draft {k} tokens a round, past the {MAX_DRAFT_TOKENS} `draftsmith export` allows (no engine "
+                    "verifies more, and no draft token is accepted that far)")
+        return f"draft {k} tokens a round"
 
     def trained_k(self) -> str:
         """The k the drafter was trained and exported for, in words."""

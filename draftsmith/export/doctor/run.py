@@ -19,6 +19,9 @@ from draftsmith.core.errors import UserError
 from draftsmith.export import engine_versions
 from draftsmith.export.doctor.args import Command, split_command
 from draftsmith.export.doctor.contract import Contract, Finding, read_contract
+from draftsmith.report.text_safe import plain_text
+
+MAX_LINE = 1500  # characters of one printed line: a finding quotes a path, a model name or a serve command
 
 
 def engine_readers() -> tuple:
@@ -48,13 +51,22 @@ class Report:
         return 1 if self.mismatches else 0
 
     def lines(self) -> list[str]:
+        """One line per finding, the flags not checked, the verdict; terminal-safe: a received export's serve_command,
+        verifier.serve_as or file names reach these lines, so escapes and control characters are removed and a
+        newline cannot start a line of its own (report/text_safe.py), and each line is bounded."""
         out = [f.line(self.engine) for f in self.findings]
         if self.unchecked:
             out.append("not checked: " + ", ".join(dict.fromkeys(self.unchecked)))
         n = len(self.mismatches)
         out.append(f"doctor: {n} mismatch(es) that change acceptance or output" if n else
                    f"doctor: the {self.engine} command matches the export")
-        return out
+        return [safe_line(line) for line in out]
+
+
+def safe_line(text: str) -> str:
+    """`text` on one terminal-safe line of at most MAX_LINE characters."""
+    line = " ".join(plain_text(text).split("\n")).replace("\t", " ")
+    return line if len(line) <= MAX_LINE else line[:MAX_LINE] + f"... ({len(line) - MAX_LINE:,} more characters)"
 
 
 def engine_of(command: Command, source: str):
@@ -69,7 +81,11 @@ def engine_of(command: Command, source: str):
 
 
 def installed_release(engine) -> str | None:
-    """The engine's installed release on this machine (doctor is meant to run where the engine runs)."""
+    """The engine's installed release on this machine (doctor is meant to run where the engine runs): the reader's
+    own `installed_release()` where it has one (llama.cpp: the project's llama-server build), else the package's."""
+    own = getattr(engine, "installed_release", None)
+    if own is not None:
+        return own()
     if engine.PACKAGE is None:
         return None
     try:
@@ -111,6 +127,10 @@ def check_command(contract: Contract, command: Command, engine_version: str | No
     release = normalised_release(contract, engine_version or installed_release(engine))
     got = engine.read(command, "the serve command")
     want = engine.expected(contract, exported)
+    refused = getattr(want, "refused", None)
+    if refused:  # the export's own command is one its engine would not start: a damaged or foreign sidecar
+        raise UserError(f"{contract.export_dir}/draftsmith.json serve_command: {engine.ENGINE} would refuse it "
+                        f"({refused[0][1]}); the file is damaged or not this draftsmith's: export again")
     findings, unchecked = engine.check(contract, got, want, release)
     return Report(engine.ENGINE, findings, unchecked)
 

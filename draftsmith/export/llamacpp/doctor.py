@@ -15,13 +15,15 @@ llama-server has no config file doctor reads, and no release table.
 """
 from __future__ import annotations
 
+import re
 import shlex
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftsmith.core.errors import UserError
-from draftsmith.export.doctor.args import Command, as_float, as_int, scan
-from draftsmith.export.doctor.checks import draft_finding, release_findings, same_path
+from draftsmith.export.doctor.args import MAX_INT_DIGITS, Command, as_float, scan
+from draftsmith.export.doctor.checks import draft_finding, same_path
 from draftsmith.export.doctor.contract import Contract, Finding
 
 PROGRAM = "llama-server"  # how `draftsmith doctor` names the program it reads
@@ -36,23 +38,60 @@ KNOWN = {"-m": ("model", 1), "--model": ("model", 1), "-md": ("draft", 1), "--mo
          "--spec-draft-hf": ("draft_hf", 1)}
 
 
+# the environment variables llama-server reads for the same settings (arg.cpp set_env): applied before the command
+# line, which overrides them; --spec-type's values add up (environment, then each use on the command line)
+ENV = {"LLAMA_ARG_MODEL": "model", "LLAMA_ARG_SPEC_DRAFT_MODEL": "draft", "LLAMA_ARG_SPEC_TYPE": "spec_type",
+       "LLAMA_ARG_SPEC_DRAFT_N_MAX": "n_max", "LLAMA_ARG_SPEC_DRAFT_P_MIN": "p_min",
+       "LLAMA_ARG_SPEC_DRAFT_HF_REPO": "draft_hf"}
+# flags and variables arg.cpp keeps only to refuse them ("the argument has been removed")
+REMOVED = {"--draft": N_MAX, "--draft-n": N_MAX, "--draft-max": N_MAX, "--draft-min": "--spec-draft-n-min",
+           "--draft-n-min": "--spec-draft-n-min", "LLAMA_ARG_DRAFT_MAX": N_MAX, "LLAMA_ARG_DRAFT_MIN": "--spec-draft-n-min"}
+
+
 @dataclass
 class Settings:
     values: dict
     unchecked: list = field(default_factory=list)
+    refused: list = field(default_factory=list)  # (what, why, fix): what llama-server stops on
 
     def get(self, name: str):
         got = self.values.get(name)
-        return got[0] if got else None
+        return got[-1] if got else None
 
 
 def recognises(argv: list[str]) -> bool:
     return Path(argv[0]).name in ("llama-server", "llama-server.exe")
 
 
+def llama_name(word: str) -> str:
+    """arg.cpp's rewrite: every '_' of a `--` word is '-' (no `=value` form: the whole word is the name)."""
+    return word.replace("_", "-") if word.startswith("--") else word
+
+
 def read(command: Command, source: str) -> Settings:
-    flags = scan(command.argv[1:], KNOWN, source)
-    return Settings(dict(flags.values), flags.unchecked + flags.positionals)
+    flags = scan(command.argv[1:], KNOWN, source, equals=False, rename=llama_name, accumulate=("spec_type",))
+    values = {name: [command.env[var]] for var, name in ENV.items() if var in command.env}
+    for name, given in flags.values.items():
+        values[name] = values.get(name, []) + given if name == "spec_type" else given
+    refused = []
+    for word in flags.unchecked + [var for var in command.env if var in REMOVED]:
+        name = llama_name(word)
+        if name in REMOVED:
+            refused.append((word, "the argument has been removed", f"{REMOVED[name]} N"))
+        elif name.startswith("--") and "=" in name and name.split("=", 1)[0] in KNOWN:
+            flag, value = name.split("=", 1)
+            refused.append((word, "invalid argument: llama.cpp takes no --flag=value", f"{flag} {value}"))
+    return Settings(values, flags.unchecked + flags.positionals, refused)
+
+
+def stoi(text: str, flag: str) -> int:
+    """An integer flag as arg.cpp reads it (std::stoi): leading blanks, a sign and digits, the rest ignored
+    (`3abc` is 3); no digits, or past a 32-bit int, and llama-server refuses to start."""
+    match = re.match(r"\s*([+-]?\d+)", str(text)[:MAX_INT_DIGITS])
+    if not match or not -2**31 <= int(match.group(1)) < 2**31:
+        raise UserError(f"{flag} {str(text)[:40]!r}: llama-server refuses it (std::stoi: not a 32-bit integer); give "
+                        "the number the export printed")
+    return int(match.group(1))
 
 
 def expected(contract: Contract, command: Command) -> Settings:
@@ -65,8 +104,9 @@ def config_command(path) -> Command:
 
 
 def check(contract: Contract, got: Settings, want: Settings, release: str | None) -> tuple[list[Finding], list[str]]:
-    found = []
-    types = [t for t in (got.get("spec_type") or "").split(",") if t]
+    found = [Finding("command line", f"refuse to start: {what} ({why})", "a command llama-server accepts", fix)
+             for what, why, fix in got.refused]
+    types = [t for value in got.values.get("spec_type", []) for t in value.split(",") if t]
     trained_type = want.get("spec_type")
     if trained_type not in types or len(types) > 1:
         does = f"draft with {','.join(types)}" if types else "draft with its default type"
@@ -86,13 +126,43 @@ def check(contract: Contract, got: Settings, want: Settings, release: str | None
     if got.values.get("replace"):
         found.append(Finding("draft vocabulary", f"translate draft tokens with --spec-replace {' '.join(got.values['replace'])}",
                              "the target's own vocabulary (the draft GGUF carries it)", "drop --spec-replace"))
-    _, unchecked = release_findings(contract, release, ENGINE)
-    return found, unchecked + ["dtype (the GGUF files carry their own)"] + got.unchecked
+    more, unchecked = release_checks(contract, release)
+    return found + more, unchecked + ["dtype (the GGUF files carry their own)"] + got.unchecked
+
+
+def installed_release() -> str | None:
+    """The `llama-server --version` line of the project's own build (scripts/install_llama_cpp.sh), found as
+    `eval --engine` finds it (export/llamacpp/tools.find_llama_cpp: DRAFTSMITH_LLAMA_SERVER, DRAFTSMITH_LLAMA_CPP_DIR,
+    the install script's cache); None where there is none."""
+    from draftsmith.export.llamacpp.tools import LlamaCppMissing, find_llama_cpp
+
+    try:
+        return find_llama_cpp().version()
+    except (LlamaCppMissing, OSError, subprocess.SubprocessError):
+        return None
+
+
+def release_checks(contract: Contract, release: str | None) -> tuple[list[Finding], list[str]]:
+    """The llama-server build against the one the export was checked with (draftsmith.json llama_cpp.server_version;
+    llama.cpp has no release table here): the same build is checked, another is a note."""
+    if release is None:
+        return [], [f"{ENGINE} release (no llama-server found: build it with `bash scripts/install_llama_cpp.sh`, or "
+                    "pass --engine-version)"]
+    side = contract.sidecar.get("llama_cpp")
+    checked_with = side.get("server_version") if isinstance(side, dict) else None
+    if isinstance(checked_with, str) and release.strip() == checked_with.strip():
+        return [], []
+    return [Finding("engine release", f"run {release[:120]}", f"the llama-server the export was checked with "
+                    f"({str(checked_with)[:120] if checked_with else 'not recorded'})",
+                    "serve with that build (bash scripts/install_llama_cpp.sh builds it), or export again with this one",
+                    changes_acceptance=False)], []
 
 
 def n_max_findings(contract: Contract, got: Settings) -> list[Finding]:
     raw = got.get("n_max")
-    k = DEFAULT_N_MAX if raw is None else as_int(raw, N_MAX)
+    k = DEFAULT_N_MAX if raw is None else stoi(raw, N_MAX)
+    if k < 0:
+        return [Finding("k", f"refuse to start ({N_MAX} {k}: invalid value)", contract.trained_k(), f"{N_MAX} {contract.k}")]
     does = f"draft {k} token{'' if k == 1 else 's'} a round" + (" (its default)" if raw is None else "")
     if contract.block_size() is not None and contract.k is not None and k > contract.k:
         # common/speculative.cpp (draft-dflash): "requested draft size ... exceeds the trained block size --

@@ -9,10 +9,12 @@ the PyTorch backend's); the target = the fingerprinted verifier. TensorRT-LLM ha
 """
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftsmith.core.errors import UserError
 from draftsmith.export.doctor.args import Command, read_config_file, scan
 from draftsmith.export.doctor.checks import draft_finding, release_findings, target_finding
 from draftsmith.export.doctor.contract import Contract, Finding
@@ -47,7 +49,12 @@ def read(command: Command, source: str, options_file: str | None = None) -> Sett
     positionals = flags.positionals[1:] if flags.positionals[:1] == ["serve"] else flags.positionals
     target = flags.get("model") or (positionals[0] if positionals else None)
     path = options_file or flags.get("options")
-    data = read_config_file(path, WHAT) if path else {}
+    try:
+        data = read_config_file(path, WHAT) if path else {}
+    except UserError as exc:
+        if options_file:
+            raise
+        raise UserError(f"{source}: {OPTIONS} (or --config): {exc}") from None
     spec = data.get("speculative_config")
     spec = spec if isinstance(spec, dict) else {}
     unchecked = [f"speculative_config.{k}" for k in spec if k not in CHECKED]
@@ -56,7 +63,21 @@ def read(command: Command, source: str, options_file: str | None = None) -> Sett
 
 
 def expected(contract: Contract, command: Command) -> Settings:
-    return read(command, f"{contract.export_dir}/draftsmith.json serve_command", str(contract.export_dir / SERVE_FILE))
+    return read(command, f"{contract.export_dir}/draftsmith.json serve_command", str(own_file(contract)))
+
+
+def own_file(contract: Contract) -> Path:
+    """The export's extra_llm_api_options.yaml: a file inside the export (a received export's link to /etc/shadow or
+    anywhere else outside it is refused, never read)."""
+    path = contract.export_dir / SERVE_FILE
+    try:
+        inside = path.resolve().is_relative_to(contract.export_dir.resolve())
+    except (OSError, RuntimeError):  # a link loop
+        inside = False
+    if not inside:
+        raise UserError(f"{path}: a link out of the export (to {os.readlink(path) if path.is_symlink() else '?'}); "
+                        f"the export's {SERVE_FILE} must be its own file: export again")
+    return path
 
 
 def config_command(path) -> Command:
@@ -81,8 +102,8 @@ def check(contract: Contract, got: Settings, want: Settings, release: str | None
     found += draft_finding(None if model is None else str(model), contract.export_dir,
                            lambda p: fix("speculative_model", p))
     k = got.spec.get("max_draft_len")
-    if not isinstance(k, int) or contract.k_problem(k):
-        found.append(Finding("max_draft_len", f"draft {k!r} tokens a round", contract.trained_k(),
+    if contract.k_problem(k):
+        found.append(Finding("max_draft_len", contract.k_does(k), contract.trained_k(),
                              fix("max_draft_len", contract.k)))
     elif k != contract.k:
         found.append(Finding("max_draft_len", f"draft {k} tokens a round (allowed; positions past the trained ones "
