@@ -3,6 +3,7 @@ registered in the format's own file) and the hooks `draftsmith export` calls: op
 files, the validate hook (export/validate.py here; an engine's own check for llama.cpp) and the summary."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import ClassVar
 
@@ -47,7 +48,8 @@ class Exporter:
         """This format's Flags built from `given` ({field: value}, or a Flags instance already), None without Flags."""
         if self.Flags is None or isinstance(given, self.Flags):
             return given if self.Flags is not None else None
-        return self.Flags(**dict(given or {}))
+        names = {f.name for f in dataclasses.fields(self.Flags)}
+        return self.Flags(**{k: v for k, v in dict(given or {}).items() if k in names})  # export() refused the rest
 
     def check_options(self, opts: ExportOptions) -> None:
         """Raise for an option this format does not read (before anything is loaded)."""

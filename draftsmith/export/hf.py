@@ -33,6 +33,7 @@ from draftsmith.export.layout import (
     Layout,
     TensorSpec,
     export_dtype,
+    flags_of,
     layouts,
     num_tokens,
     sidecar,
@@ -90,8 +91,8 @@ class HFDraftLMLayout(Layout):
         dtype = export_dtype(loaded, opts) if opts.dtype else target.dtype
         k = num_tokens(loaded, opts, 5)
         extra = {"num_speculative_tokens": k}
-        if opts.flags.max_model_len is not None:
-            extra["max_model_len"] = int(opts.flags.max_model_len)
+        if flags_of(self.name, opts).max_model_len is not None:
+            extra["max_model_len"] = int(flags_of(self.name, opts).max_model_len)
         side = sidecar(loaded, self.name, self.engine, opts, extra)
         return ExportFiles(config={}, tensors={}, sidecar=side,
                            writer=lambda directory: d.save_hf(directory, target.tokenizer, dtype))
@@ -140,7 +141,7 @@ class HFDraftLMLayout(Layout):
     def serve_command(self, out_dir: Path, loaded, opts: ExportOptions) -> str:
         k = num_tokens(loaded, opts, 5)
         spec = json.dumps({"model": str(out_dir), "num_speculative_tokens": k, "method": "draft_model"})
-        limit = f" --max-model-len {int(opts.flags.max_model_len)}" if opts.flags.max_model_len is not None else ""
+        limit = f" --max-model-len {int(flags_of(self.name, opts).max_model_len)}" if flags_of(self.name, opts).max_model_len is not None else ""
         return f"vllm serve {shlex.quote(verifier_name(loaded, opts))}{limit} --speculative-config {shlex.quote(spec)}"
 
 

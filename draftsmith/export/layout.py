@@ -73,6 +73,12 @@ EXPORTERS: Registry = Registry("export format")
 LAYOUTS: dict[str, Registry] = {}
 
 
+def flags_of(fmt: str, opts: ExportOptions):
+    """opts.flags as format `fmt`'s typed Flags (Exporter.Flags). export() types them after refusing what the format
+    does not take; a layout called directly (a test, another format's export) gets the format's defaults here."""
+    return EXPORTERS.get(fmt)().typed_flags(opts.flags)
+
+
 def unregister_format(fmt: str) -> None:
     """Remove a format registered for one test or session: its exporter, its layouts and its refusal lines."""
     EXPORTERS.unregister(fmt)

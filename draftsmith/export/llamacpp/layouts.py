@@ -46,7 +46,16 @@ from draftsmith import config as config_mod
 from draftsmith.core.errors import UserError
 from draftsmith.core.flags import flag
 from draftsmith.export.exporter import Exporter
-from draftsmith.export.layout import EXPORTERS, REFUSED, ExportFiles, ExportOptions, Layout, layouts, not_taken
+from draftsmith.export.layout import (
+    EXPORTERS,
+    REFUSED,
+    ExportFiles,
+    ExportOptions,
+    Layout,
+    flags_of,
+    layouts,
+    not_taken,
+)
 from draftsmith.export.llamacpp import doctor as llamacpp_doctor
 from draftsmith.export.llamacpp.tools import GGUF_TYPES
 
@@ -186,9 +195,9 @@ class LlamaCppLayout(Layout):
     def plan(self, loaded, opts: ExportOptions, out_dir: Path) -> Plan:
         from draftsmith.export.llamacpp.tools import find_llama_cpp
 
-        given = Path(opts.flags.target_gguf).resolve() if opts.flags.target_gguf else None
+        given = Path(flags_of(self.name, opts).target_gguf).resolve() if flags_of(self.name, opts).target_gguf else None
         if given is not None and not given.is_file():
-            raise UserError(f"--target-gguf {opts.flags.target_gguf}: no such file; give the target's GGUF or omit the flag "
+            raise UserError(f"--target-gguf {flags_of(self.name, opts).target_gguf}: no such file; give the target's GGUF or omit the flag "
                             "to convert it")
         k = self.default_k(loaded.drafter) if opts.num_speculative_tokens is None else int(opts.num_speculative_tokens)
         self.check_k(loaded.drafter, k)
@@ -210,7 +219,7 @@ class LlamaCppLayout(Layout):
                 hf_dir = Path(work) / "hf"  # the directory llama.cpp's converter reads
                 self.write_source(loaded, hf_dir, p.k)
                 target_dir = p.target_dir or write_gguf_target_dir(loaded, Path(work) / "target")
-                write_draft(p.tools, hf_dir, tmp / self.draft_file, opts.flags.gguf_type,
+                write_draft(p.tools, hf_dir, tmp / self.draft_file, flags_of(self.name, opts).gguf_type,
                             target_dir=target_dir if self.reads_target_features else None)
             if p.given_target is None:
                 convert(p.tools, p.target_dir, tmp / p.target_path.name)
@@ -224,7 +233,7 @@ class LlamaCppLayout(Layout):
             "format": FORMAT, "engine": "llama.cpp", "llama_cpp": {"sdist": "llama-cpp-python==0.3.36",
                                                                    "server_version": p.tools.version()},
             "drafter_kind": self.kind, "spec_type": self.spec_type, "num_speculative_tokens": p.k,
-            "draft": self.draft_file, "draft_gguf_type": opts.flags.gguf_type or "f32",
+            "draft": self.draft_file, "draft_gguf_type": flags_of(self.name, opts).gguf_type or "f32",
             "target": p.target_path.name if p.given_target is None else str(p.given_target),
             "target_converted_by_draftsmith": p.given_target is None, "target_dir": str(p.target_dir or GGUF_TARGET_DIR),
             "aux_layer_ids": list(getattr(loaded.drafter, "aux_layer_ids", []) or []),

@@ -38,6 +38,7 @@ from draftsmith.export.layout import (
     TensorSpec,
     cast_floats,
     dtype_name,
+    flags_of,
     kind_of_layout,
     layouts,
     llama_fields,
@@ -179,8 +180,9 @@ DSPARK_SERVING_SINCE = "0.28.0"
 
 def dspark_serve_fields(drafter, opts) -> dict:
     """The --speculative-config fields of a DSpark export beyond model / K / method (see above)."""
-    fields = {} if opts.flags.no_adaptive_verification else {"enable_adaptive_verification": True}
-    k, dv = opts.flags.dspark_draft_topk, int(drafter.d2t.shape[0])
+    flags = flags_of("vllm", opts)
+    fields = {} if flags.no_adaptive_verification else {"enable_adaptive_verification": True}
+    k, dv = flags.dspark_draft_topk, int(drafter.d2t.shape[0])
     if k is not None:
         if not 1 <= k <= dv:
             raise UserError(f"--dspark-draft-topk {k}: vLLM's config/speculative.py needs 1 <= k <= the draft "
@@ -196,10 +198,11 @@ def dspark_options_for_release(opts, version: str | None):
         return opts
     if tuple(map(int, version.split("."))) >= tuple(map(int, DSPARK_SERVING_SINCE.split("."))):
         return opts
-    if opts.flags.dspark_draft_topk is not None:
+    flags = flags_of("vllm", opts)
+    if flags.dspark_draft_topk is not None:
         raise UserError(f"--dspark-draft-topk: vLLM {version}'s config/speculative.py has no dspark_draft_topk (it "
                          f"exists since {DSPARK_SERVING_SINCE}); drop the flag or pass --engine-version 0.33.0")
-    return dataclasses.replace(opts, flags=dataclasses.replace(opts.flags, no_adaptive_verification=True))
+    return dataclasses.replace(opts, flags=dataclasses.replace(flags, no_adaptive_verification=True))
 
 
 @layouts("vllm").register("dspark")
