@@ -12,7 +12,8 @@ Three questions are answered here for any loaded transformers config:
     cannot serve it (empty when it can). Which reasons apply to a kind is the kind's class's answer
     (heads.refusals; export.refusals adds an export layout's), asked by inspect, train and the matrix.
 Also `default_aux_layer_ids(L)`, EAGLE-3's default feature layers (a trait of the target's depth).
-This module imports nothing from draftsmith: target, heads, export and inspect build on it.
+This module imports nothing from draftsmith but targets/state_cache.py (the hybrid targets' cache):
+target, heads, export and inspect build on it.
 
 The tiny configurations (`TINY`) keep every feature of the real model (layer types, rope type,
 soft-capping, MoE routing, MLA ranks) at 4 layers (so that local and global layers alternate and
@@ -319,19 +320,22 @@ TINY = {
 }
 
 
-def new_cache(config):
+def new_cache(config, keep_states: int = 1, state_rollback: str = "keep"):
     """A DynamicCache for the speculative loop that can be rolled back on every layer.
 
     Sliding-window (and chunked) layers keep only the last window of keys; a rejected draft
     could then not be cropped once the window is full. Past recording keeps the full keys
     until the next crop, which restores the window (transformers' DynamicSlidingWindowLayer).
+    Recurrent and convolutional layers of hybrid targets (targets/state_cache.py) keep the state
+    at each of the last `keep_states` positions of a forward (state_rollback "keep"), or are
+    snapshotted by the loop ("replay").
     """
     from transformers import DynamicCache
 
+    from draftsmith.targets import state_cache
+
     cache = DynamicCache(config=config)
-    for layer in getattr(cache, "layers", []):
-        if hasattr(layer, "activate_past_recording"):
-            layer.activate_past_recording()
+    state_cache.activate(cache, keep_states, state_rollback)
     return cache
 
 
