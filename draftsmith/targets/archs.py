@@ -302,6 +302,76 @@ def _llama4_text():
                                              "original_max_position_embeddings": 128})
 
 
+# Hybrid targets (issue 42): linear-attention / conv / Mamba-2 layers beside attention layers. Their
+# caches and how the loop rolls them back: targets/state_cache.py.
+LINEAR3_FULL1 = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
+
+
+def _gated_delta_net():
+    return dict(layer_types=LINEAR3_FULL1, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8,
+                linear_value_head_dim=8, linear_conv_kernel_dim=4)
+
+
+def _qwen3_next():
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(**BASE, head_dim=8, **_gated_delta_net(), num_experts=4, num_experts_per_tok=2,
+                           moe_intermediate_size=32, shared_expert_intermediate_size=32, decoder_sparse_step=1)
+
+
+def _qwen3_5():
+    from transformers import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(**BASE, head_dim=8, **_gated_delta_net())
+
+
+def _qwen3_5_moe():
+    from transformers import Qwen3_5MoeTextConfig
+
+    return Qwen3_5MoeTextConfig(**BASE, head_dim=8, **_gated_delta_net(), num_experts=4, num_experts_per_tok=2,
+                                moe_intermediate_size=32, shared_expert_intermediate_size=32)
+
+
+def _lfm2():
+    from transformers import Lfm2Config
+
+    return Lfm2Config(**BASE, layer_types=["conv", "conv", "full_attention", "conv"], conv_L_cache=3)
+
+
+def _falcon_h1():
+    from transformers import FalconH1Config
+
+    return FalconH1Config(**BASE, head_dim=8, mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8,
+                          mamba_n_groups=1, mamba_d_conv=4, mamba_chunk_size=16)
+
+
+def _nemotron_h():
+    from transformers import NemotronHConfig
+
+    # M: Mamba-2, *: attention, -: MLP only
+    return NemotronHConfig(**BASE, head_dim=8, hybrid_override_pattern="M*M-", mamba_num_heads=4, mamba_head_dim=8,
+                           ssm_state_size=8, n_groups=1, conv_kernel=4, chunk_size=16)
+
+
+def _granite_hybrid():
+    from transformers import GraniteMoeHybridConfig
+
+    return GraniteMoeHybridConfig(**BASE, layer_types=["mamba", "mamba", "attention", "mamba"], mamba_n_heads=4,
+                                  mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1, mamba_d_conv=4,
+                                  mamba_chunk_size=16, num_local_experts=4, num_experts_per_tok=2,
+                                  shared_intermediate_size=32)
+
+
+def _kimi_linear():
+    from transformers import KimiLinearConfig
+
+    return KimiLinearConfig(**{**BASE, "num_key_value_heads": 4},
+                            layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+                            linear_attn_config={"head_dim": 8, "num_heads": 4, "short_conv_kernel_size": 4},
+                            kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+                            num_experts=4, num_experts_per_token=2, moe_intermediate_size=32)
+
+
 # name -> (what it stands for, tiny config factory)
 TINY = {
     "llama3": ("Llama 3.x (llama3 rope scaling)", _llama3),
@@ -317,6 +387,14 @@ TINY = {
     "olmo2": ("OLMo-2", _olmo2),
     "glm4": ("GLM-4 (partial rotary)", _glm4),
     "llama4-text": ("Llama 4 text backbone of the Llama 4 VLM (chunked attention, NoPE layers, MoE)", _llama4_text),
+    "qwen3-next": ("Qwen3-Next (hybrid: gated delta-net + attention, MoE)", _qwen3_next),
+    "qwen3.5": ("Qwen3.5 text (hybrid: gated delta-net + attention)", _qwen3_5),
+    "qwen3.5-moe": ("Qwen3.5-MoE text (hybrid: gated delta-net + attention, MoE)", _qwen3_5_moe),
+    "lfm2": ("LFM2 (hybrid: short convolutions + attention)", _lfm2),
+    "falcon-h1": ("Falcon-H1 (hybrid: Mamba-2 and attention in every layer)", _falcon_h1),
+    "nemotron-h": ("Nemotron-H (hybrid: Mamba-2, attention and MLP-only layers)", _nemotron_h),
+    "granite-4-hybrid": ("Granite-4 hybrid (granitemoehybrid: Mamba-2 + attention, MoE)", _granite_hybrid),
+    "kimi-linear": ("Kimi-Linear (hybrid: KDA linear attention + MLA, MoE)", _kimi_linear),
 }
 
 
