@@ -39,6 +39,21 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
     return [min(i, L - 1) for i in (0, 1, 2)]
 
 
+def valid_aux_layer_ids(config) -> tuple[list[int], str]:
+    """(the layer ids an EAGLE-3 / block drafter may read, why). On every architecture here, hybrids
+    included, hidden_states[i] is the residual stream entering decoder layer i, whatever that layer is
+    (attention, gated delta-net, Mamba-2, short conv, MLP only): every id in 0..L-1 is a hidden state
+    comparable across layers (tests/targets/test_hybrid_features.py checks it against the layer's
+    input). A layer's conv window or recurrent state is cache, never a feature. The default stays
+    [2, L//2, L-3] (default_aux_layer_ids), vLLM's SupportsEagle3 default for these targets too."""
+    c = text_config(config)
+    L = int(c.num_hidden_layers)
+    kinds = sorted(set(getattr(c, "layer_types", None) or []) - {"full_attention"})
+    what = f" (layer types {', '.join(['full_attention', *kinds])})" if kinds else ""
+    return list(range(L)), (f"0..{L - 1}: hidden_states[i] is the residual stream entering layer i{what}; "
+                            "recurrent / conv states are cache, never features")
+
+
 # --------------------------------------------------------------------------- traits
 
 

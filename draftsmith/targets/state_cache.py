@@ -29,6 +29,7 @@ implemented.
 from __future__ import annotations
 
 ROLLBACK_MODES = ("keep", "replay")
+STATE_LAYER_TYPES = ("linear_attention", "conv", "hybrid", "hybrid_sliding")  # layers with a conv / recurrent state
 
 # layer type (config.layer_types, as transformers' cache reads it) -> (what the cache holds, how the loop rolls it back)
 LAYER_CACHES = {
@@ -54,11 +55,7 @@ def cache_layer_types(config) -> list[str]:
 
 def has_state_layers(config) -> bool:
     """True when some layer keeps a recurrent or convolutional state (a hybrid target)."""
-    try:
-        types = cache_layer_types(config)
-    except Exception:  # a config transformers cannot type (remote code): treat as attention-only, as before
-        return False
-    return any(t in ("linear_attention", "conv", "hybrid", "hybrid_sliding") for t in types)
+    return any(t in STATE_LAYER_TYPES for t in cache_layer_types(config))
 
 
 def describe(config, mode: str = "keep") -> list[dict]:
@@ -80,7 +77,7 @@ def loop_refusal(config, what: str) -> str | None:
     """One line when `what` ("tree drafting" | "batched decoding") cannot run on this target."""
     if not has_state_layers(config):
         return None
-    kinds = sorted({t for t in cache_layer_types(config) if t in ("linear_attention", "conv", "hybrid", "hybrid_sliding")})
+    kinds = sorted({t for t in cache_layer_types(config) if t in STATE_LAYER_TYPES})
     return (f"{what} is not supported on hybrid targets ({config.get_text_config(decoder=True).model_type}: "
             f"{'/'.join(kinds)} layers keep one state, not one per branch or per ragged row); use chain drafting "
             "with --batch-size 1")
