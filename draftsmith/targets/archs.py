@@ -343,7 +343,8 @@ def _qwen3_5():
 def _qwen3_5_moe():
     from transformers import Qwen3_5MoeTextConfig
 
-    return Qwen3_5MoeTextConfig(**BASE, head_dim=8, **_gated_delta_net(), num_experts=4, num_experts_per_tok=2,
+    # saved and read back, its tokenizer class adds <|endoftext|> (id 259), as Qwen2.5's does
+    return Qwen3_5MoeTextConfig(**{**BASE, "vocab_size": 260}, head_dim=8, **_gated_delta_net(), num_experts=4, num_experts_per_tok=2,
                                 moe_intermediate_size=32, shared_expert_intermediate_size=32)
 
 

@@ -58,6 +58,12 @@ def has_state_layers(config) -> bool:
     return any(t in STATE_LAYER_TYPES for t in cache_layer_types(config))
 
 
+def first_attention_layer(config) -> int | None:
+    """The first layer with keys and values (attention, or Falcon-H1's attention-and-Mamba layer); None if none."""
+    types = cache_layer_types(config)
+    return next((i for i, t in enumerate(types) if t not in STATE_LAYER_TYPES[:2] and t != "dummy"), None)
+
+
 def describe(config, mode: str = "keep") -> list[dict]:
     """One row per distinct layer type: its layer ids, what its cache holds and how it is rolled back."""
     types = cache_layer_types(config)

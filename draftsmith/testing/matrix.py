@@ -60,12 +60,24 @@ def data_file(directory: Path) -> Path:
     return path
 
 
-def recipe(target_dir: Path, data: Path, out: Path, kind: str):
+def tiny_options(kind: str, target_config) -> dict:
+    """The kind's tiny_options, with what a hybrid target asks of a shrunk draft LM: layers up to its first
+    attention layer (the one-line error of heads/draft_lm.layer_truncated_copy says the same)."""
+    from draftsmith.targets import state_cache
+
+    options = dict(DRAFTERS.get(kind).tiny_options)
+    if "shrink_layers" in options and state_cache.has_state_layers(target_config):
+        options["shrink_layers"] = max(options["shrink_layers"], state_cache.first_attention_layer(target_config) + 1)
+    return options
+
+
+def recipe(target_dir: Path, data: Path, out: Path, kind: str, target_config=None):
     from draftsmith import config as config_mod
 
+    options = DRAFTERS.get(kind).tiny_options if target_config is None else tiny_options(kind, target_config)
     raw = {"target": {"path": str(target_dir), "device": "cpu"},
            "data": {"path": [str(data)], "max_length": 48, "eval_samples": 2},
-           "drafter": {"kind": kind, **DRAFTERS.get(kind).tiny_options},
+           "drafter": {"kind": kind, **options},
            "train": {"output_dir": str(out), "max_steps": 2, "batch_size": 2, "lr": 1e-3, "warmup_steps": 1,
                      "log_every": 1, "eval_every": 0},
            "logging": {"progress_bar": False, "report_to": []}}
@@ -139,7 +151,7 @@ def run_cell(arch: str, kind: str, target, target_dir: Path, data: Path, workdir
         return cell
     step = "setup"
     try:
-        cfg = recipe(target_dir, data, workdir / kind, kind)
+        cfg = recipe(target_dir, data, workdir / kind, kind, target.config)
         step = "train"
         trainer = Trainer(cfg, target)
         result = trainer.run(stop_after=2)
