@@ -64,6 +64,9 @@ class DraftLMDrafter(Drafter):
         from draftsmith.targets.archs import text_config
 
         gap = cls.HYBRID_GAPS.get(text_config(config).model_type)
+        if getattr(config, "vision_config", None) is not None:  # issue 42: not built yet
+            gap = (f"draft_lm on a vision-language target ({config.model_type}): a draft LM of the full model "
+                   "(vision tower and language model) is not built yet; use eagle3 or a block drafter")
         return [gap] if gap else []
 
     @dataclass

@@ -185,9 +185,15 @@ def logits_transform(config) -> tuple[float | None, float | None, float | None]:
 
 def config_refusals(config) -> list[str]:
     """Why no drafter kind can serve a target of this config ([] when the config is readable)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
     c = text_config(config)
     if getattr(c, "num_hidden_layers", 0) < 1 or not getattr(c, "hidden_size", None):
         return [f"{c.model_type}: the config has no decoder layers / hidden size draftsmith can read"]
+    remote = "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote:
+        return [f"{config.model_type}: transformers has no AutoModelForCausalLM class for it (it loads as an "
+                "image-text-to-text model), and draftsmith loads targets as causal LMs; not supported yet"]
     return []
 
 
@@ -388,6 +394,39 @@ def _kimi_linear():
                             num_experts=4, num_experts_per_token=2, moe_intermediate_size=32)
 
 
+# Vision-language targets (issue 42): the full model with its vision tower, on text prompts here.
+VISION_TOKENS = dict(image_token_id=290, video_token_id=291, vision_start_token_id=292, vision_end_token_id=293)
+
+
+def _gemma3_vl():
+    from transformers import Gemma3Config
+
+    return Gemma3Config(text_config=_gemma3().to_dict(), mm_tokens_per_image=4, image_token_index=256,
+                        boi_token_index=257, eoi_token_index=258,
+                        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                           num_attention_heads=4, image_size=56, patch_size=14))
+
+
+def _qwen25_vl():
+    from transformers import Qwen2_5_VLConfig
+
+    return Qwen2_5_VLConfig(text_config={**BASE, "vocab_size": 300, "rope_parameters": {
+                                "rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 1e6}},
+                            vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=4,
+                                               out_hidden_size=32, fullatt_block_indexes=[1]), **VISION_TOKENS)
+
+
+def _qwen3_vl():
+    from transformers import Qwen3VLConfig
+
+    return Qwen3VLConfig(text_config={**BASE, "vocab_size": 300, "head_dim": 8, "rope_parameters": {
+                             "rope_type": "default", "mrope_section": [1, 1, 2], "mrope_interleaved": True,
+                             "rope_theta": 1e6}},
+                         vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=4,
+                                            out_hidden_size=32, num_position_embeddings=64,
+                                            deepstack_visual_indexes=[1]), **VISION_TOKENS)
+
+
 # name -> (what it stands for, tiny config factory)
 TINY = {
     "llama3": ("Llama 3.x (llama3 rope scaling)", _llama3),
@@ -411,6 +450,9 @@ TINY = {
     "nemotron-h": ("Nemotron-H (hybrid: Mamba-2, attention and MLP-only layers)", _nemotron_h),
     "granite-4-hybrid": ("Granite-4 hybrid (granitemoehybrid: Mamba-2 + attention, MoE)", _granite_hybrid),
     "kimi-linear": ("Kimi-Linear (hybrid: KDA linear attention + MLA, MoE)", _kimi_linear),
+    "gemma3-vl": ("Gemma-3 with its SigLIP vision tower (Gemma3ForConditionalGeneration), text prompts", _gemma3_vl),
+    "qwen2.5-vl": ("Qwen2.5-VL (vision tower, M-RoPE)", _qwen25_vl),
+    "qwen3-vl": ("Qwen3-VL (vision tower, interleaved M-RoPE, deepstack)", _qwen3_vl),
 }
 
 

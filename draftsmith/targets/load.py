@@ -167,11 +167,15 @@ class Target:
     # ---- shape facts
     @property
     def num_layers(self) -> int:
-        return self.config.num_hidden_layers
+        from draftsmith.targets.archs import text_config
+
+        return text_config(self.config).num_hidden_layers  # a vision-language target: its text backbone's
 
     @property
     def hidden_size(self) -> int:
-        return self.config.hidden_size
+        from draftsmith.targets.archs import text_config
+
+        return text_config(self.config).hidden_size
 
     @property
     def vocab_size(self) -> int:
