@@ -185,8 +185,10 @@ class SpeculativeState:
         self.context = torch.cat([self.context, ids])  # [N] -> [N + kept]
         return kept
 
-    def prefill(self, prompt_ids: torch.Tensor) -> None:
-        """Target forward over the prompt, first token, then the proposer's own prefill."""
+    def prefill(self, prompt_ids: torch.Tensor, media: dict | None = None) -> None:
+        """Target forward over the prompt, first token, then the proposer's own prefill. media: a
+        vision-language target's image inputs for the prompt (pixel_values, token_type_ids from its
+        processor); the vision tower runs in this forward only, decoding continues on the cache."""
         prompt_ids = prompt_ids.to(self.device).long().reshape(-1)
         limit = getattr(self.target.config, "max_position_embeddings", None)
         n = prompt_ids.shape[0]
@@ -196,7 +198,8 @@ class SpeculativeState:
         if self.cfg.max_new_tokens < 1:
             raise UserError("max_new_tokens must be >= 1")
         start = _clock(self.device)
-        out = self.target.forward(prompt_ids[None], cache=self.cache)  # [1, n] -> logits [1, n, V]
+        media = {k: v.to(self.device) for k, v in (media or {}).items()}
+        out = self.target.forward(prompt_ids[None], cache=self.cache, **media)  # [1, n] -> logits [1, n, V]
         rollback(self.cache, n)  # nothing to drop: releases the states a hybrid cache recorded
         first = self._first_token(out.logits[0, -1])
         self.ttft_s = _clock(self.device) - start
@@ -277,11 +280,12 @@ class SpeculativeState:
 
 
 def generate(target: Target, proposer, prompt_ids: torch.Tensor, cfg: LoopConfig,
-             generator: torch.Generator | None = None) -> Generation:
-    """Run one request to its end (an EOS id or exactly cfg.max_new_tokens new tokens)."""
+             generator: torch.Generator | None = None, media: dict | None = None) -> Generation:
+    """Run one request to its end (an EOS id or exactly cfg.max_new_tokens new tokens); media: image
+    inputs of a vision-language target's prompt (SpeculativeState.prefill)."""
     state = SpeculativeState(target, proposer, cfg, generator)
     start = _clock(state.device)
-    state.prefill(prompt_ids)
+    state.prefill(prompt_ids, media)
     while not state.done:
         state.step()
     latency = _clock(state.device) - start
