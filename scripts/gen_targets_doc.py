@@ -46,6 +46,21 @@ checks them against the real logits when it is built). Sliding-window and chunke
 are rolled back correctly by the speculative loop (their caches record past keys until each crop).
 """
 
+HYBRIDS = """
+## Hybrid targets: each layer type's cache and its rollback
+
+A recurrent or convolutional layer's state cannot be cropped like keys and values. After a rejection
+the speculative loop restores it to the accepted prefix (draftsmith/targets/state_cache.py): by default
+it keeps the state at each verified position (transformers' past recording, `recurrent_states_to_keep =
+k + 1`) and takes the accepted one; `LoopConfig.state_rollback = "replay"` instead snapshots the states
+before verification and runs the accepted tokens again (benchmarks/bench_hybrid_rollback.py measures
+both; docs/benchmarks.md). Tree drafting and batched decoding refuse hybrid targets in one line. Every
+layer id 0..L-1 is a valid aux layer on these targets (hidden_states[i] is the residual stream entering
+layer i, whatever the layer; tests/targets/test_hybrid_features.py), and the EAGLE-3 default stays
+[2, L//2, L-3] (vLLM's SupportsEagle3 default). `draftsmith inspect` prints the same lines for any target.
+
+"""
+
 GGUF = """
 ## GGUF targets and installed models
 
@@ -87,17 +102,24 @@ def main() -> int:
     import torch
 
     from draftsmith import testing
-    from draftsmith.targets import archs
+    from draftsmith.targets import archs, state_cache
     from draftsmith.testing import matrix
 
     torch.set_num_threads(1)
-    rows, details = [], []
+    rows, details, hybrids = [], [], []
     start = time.perf_counter()
     for arch, (what, _) in archs.TINY.items():
         with tempfile.TemporaryDirectory() as tmp:
             cells = matrix.run_arch(arch, Path(tmp))
-        tiny = testing.arch_target(arch)
-        t = archs.traits(tiny.config, tiny.model)
+        config = archs.TINY[arch][1]()
+        if archs.config_refusals(config):  # no model class draftsmith loads: traits from the config alone
+            t = archs.traits(config)
+        else:
+            tiny = testing.arch_target(arch)
+            t = archs.traits(tiny.config, tiny.model)
+        if state_cache.has_state_layers(config):
+            hybrids.append(f"- `{arch}`: " + "; ".join(
+                f"{r['layer_type']} (layers {r['layers']}): {r['cache']}, {r['rollback']}" for r in state_cache.describe(config)))
         features = ", ".join(t.summary()) or "-"
         rows.append(f"| `{arch}` | {what}; {features} | " + " | ".join(
             f"{MARK[c.status]}" + (f" ({', '.join(f for f in c.exports)})" if c.exports else "") for c in cells) + " |")
@@ -111,6 +133,7 @@ def main() -> int:
     sep = "|" + "---|" * (len(matrix.matrix_kinds()) + 2)
     text = INTRO + "\n## Matrix\n\n" + "\n".join([header, sep, *rows]) + "\n"
     text += "\nIn parentheses: the export formats validated for that cell (`eagle1` has no export format yet).\n"
+    text += HYBRIDS + "\n".join(hybrids) + "\n"
     text += "\n## Refusals and failures\n\n" + ("\n".join(details) if details else "None: every cell passes.") + "\n"
     text += (f"\nMatrix run time: {time.perf_counter() - start:.0f} s on this machine "
              "(`python scripts/gen_targets_doc.py`, one CPU thread).\n")

@@ -138,6 +138,8 @@ def report(path: str, revision: str | None = None, trust_remote_code: bool = Fal
         "chat_template": bool(getattr(tokenizer, "chat_template", None)),
         "eos_ids": eos_ids(config, model, tokenizer),
         "default_aux_layers": default_aux_layer_ids(layers),
+        "valid_aux_layers": archs.valid_aux_layer_ids(config)[1],
+        "layer_caches": layer_caches(config),
         "feature_bytes_per_token": {
             kind: {dt: cached_hidden_widths(kind, hidden, layers) * size + ROW_BYTES for dt, size in CACHE_DTYPES.items()}
             for kind in kinds} if not problems else {},
@@ -145,6 +147,13 @@ def report(path: str, revision: str | None = None, trust_remote_code: bool = Fal
         "cached_forward": {"status": cached[0], "detail": cached[1]},
         "problems": problems,
     }
+
+
+def layer_caches(config) -> list[dict]:
+    """Each layer type's cache in the speculative loop and how a rejection rolls it back (state_cache)."""
+    from draftsmith.targets import state_cache
+
+    return state_cache.describe(config)
 
 
 def usable_kinds(rep: dict) -> list[str]:
@@ -159,7 +168,9 @@ def format_text(rep: dict) -> str:
              f"  draft layer rope: {json.dumps(rep['draft_rope'], default=str)}",
              f"  features: {', '.join(rep['features']) or 'Llama-like (none beyond rope)'}",
              f"  chat template: {'yes' if rep['chat_template'] else 'no'}; EOS ids {rep['eos_ids']}",
-             f"  default aux layers (EAGLE-3): {rep['default_aux_layers']}",
+             f"  default aux layers (EAGLE-3): {rep['default_aux_layers']}; valid: {rep['valid_aux_layers']}",
+             "  speculative-loop cache per layer type (rollback after a rejection):",
+             *(f"    {r['layer_type']} (layers {r['layers']}): {r['cache']}; {r['rollback']}" for r in rep["layer_caches"]),
              "  offline feature cache at default options, bytes per token (incl. 5 for ids + mask):"]
     for kind, sizes in rep["feature_bytes_per_token"].items():
         lines.append(f"    {kind}: " + ", ".join(f"{dt} {n:,}" for dt, n in sizes.items()))

@@ -6,7 +6,10 @@ One round (docs/design.md "Definitions"; Leviathan et al. 2023, Chen et al. 2023
   2. verify  ONE target forward over [last, d1..dk] (k+1 positions) on the target's KV cache,
              which holds every committed token but the last one
   3. accept  sampling.verify: a accepted drafts + one correction/bonus token t
-  4. rollback the target cache is cropped to the accepted prefix (cache.crop), never recomputed
+  4. rollback the target cache is cropped to the accepted prefix (cache.crop), never recomputed; a hybrid
+             target's recurrent / conv layers restore the state kept at the accepted position
+             (LoopConfig.state_rollback "keep"), or their snapshot plus a replay of the accepted
+             tokens ("replay"); targets/state_cache.py. Trees and batches refuse hybrid targets.
   5. commit  context += d1..da, t; proposer.commit(context, a + 1, target output at those positions)
 k = 0 skips steps 1 and 5: plain target-only decoding through the same code (the speedup baseline).
 BatchState runs B requests through the same round together (eval/batch.py: one batched verification
@@ -33,6 +36,7 @@ from draftsmith.core.errors import UserError
 from draftsmith.core.sampling import SamplingParams, logits_to_probs, sample, verify
 from draftsmith.eval import batch as batch_mod
 from draftsmith.eval import tree as tree_mod
+from draftsmith.targets import state_cache
 from draftsmith.targets.load import Target, TargetOutput
 
 
@@ -46,6 +50,9 @@ class LoopConfig:
     # Keep the target's top-2 logits behind every new token (Generation.top2): --check-lossless asks for
     # them to tell a numerical near-tie from a real mismatch (eval/numerics.py).
     record_top2: bool = False
+    # Hybrid targets (recurrent / conv layers): "keep" the state at each verified position, or snapshot and
+    # "replay" the accepted tokens after a rejection (targets/state_cache.py; benchmarks/bench_hybrid_rollback.py).
+    state_rollback: str = "keep"
 
 
 @dataclass
@@ -96,12 +103,16 @@ def _clock(device: torch.device):
 
 
 def rollback(cache, keep: int) -> None:
-    """Drop cache entries past the first `keep` tokens (transformers 5: crop(-n) removes the last n)."""
-    extra = cache.get_seq_length() - keep
+    """Drop cache entries past the first `keep` tokens (transformers 5: crop(-n) removes the last n).
+    A hybrid cache's recurrent layers take the state kept at position `keep`; with nothing to drop,
+    their recorded states and conv windows are released (state_cache.trim)."""
+    extra = state_cache.seq_length(cache) - keep
     if extra < 0:
         raise ValueError(f"cannot roll the cache back to {keep} tokens: it holds only {keep + extra}")
     if extra:
         cache.crop(-extra)
+    else:
+        state_cache.trim(cache)
 
 
 def slice_output(out: TargetOutput, n: int) -> TargetOutput:
@@ -123,10 +134,16 @@ class SpeculativeState:
             raise UserError(f"k must be >= 0, got {cfg.k}")
         if cfg.k > 0 and proposer is None:
             raise UserError("k > 0 needs a proposer (pass k=0 for target-only decoding)")
+        if cfg.state_rollback not in state_cache.ROLLBACK_MODES:
+            raise UserError(f"state_rollback {cfg.state_rollback!r} is not one of {list(state_cache.ROLLBACK_MODES)}")
+        if cfg.tree is not None and (why := state_cache.loop_refusal(target.config, "tree drafting")):
+            raise UserError(why)
         self.target, self.proposer, self.cfg, self.generator = target, proposer, cfg, generator
         self.device = target.device
         self.eos = set(cfg.eos_ids if cfg.eos_ids is not None else target.eos_ids)
-        self.cache = new_cache(target.config)  # sliding-window layers record their past: rollback works
+        # sliding-window layers record their past, recurrent layers keep k + 1 states: rollback works
+        self.cache = new_cache(target.config, keep_states=cfg.k + 1, state_rollback=cfg.state_rollback)
+        self.replay = cfg.state_rollback == "replay" and state_cache.has_state_layers(target.config)
         self.context = torch.empty(0, dtype=torch.long, device=self.device)  # [N] committed ids
         self.new_tokens: list[int] = []
         self.rounds: list[RoundStats] = []
@@ -168,8 +185,10 @@ class SpeculativeState:
         self.context = torch.cat([self.context, ids])  # [N] -> [N + kept]
         return kept
 
-    def prefill(self, prompt_ids: torch.Tensor) -> None:
-        """Target forward over the prompt, first token, then the proposer's own prefill."""
+    def prefill(self, prompt_ids: torch.Tensor, media: dict | None = None) -> None:
+        """Target forward over the prompt, first token, then the proposer's own prefill. media: a
+        vision-language target's image inputs for the prompt (pixel_values, token_type_ids from its
+        processor); the vision tower runs in this forward only, decoding continues on the cache."""
         prompt_ids = prompt_ids.to(self.device).long().reshape(-1)
         limit = getattr(self.target.config, "max_position_embeddings", None)
         n = prompt_ids.shape[0]
@@ -179,7 +198,9 @@ class SpeculativeState:
         if self.cfg.max_new_tokens < 1:
             raise UserError("max_new_tokens must be >= 1")
         start = _clock(self.device)
-        out = self.target.forward(prompt_ids[None], cache=self.cache)  # [1, n] -> logits [1, n, V]
+        media = {k: v.to(self.device) for k, v in (media or {}).items()}
+        out = self.target.forward(prompt_ids[None], cache=self.cache, **media)  # [1, n] -> logits [1, n, V]
+        rollback(self.cache, n)  # nothing to drop: releases the states a hybrid cache recorded
         first = self._first_token(out.logits[0, -1])
         self.ttft_s = _clock(self.device) - start
         self.context = prompt_ids
@@ -207,11 +228,16 @@ class SpeculativeState:
         proposed = draft_tokens.shape[0]
         t1 = _clock(dev)
         inputs = torch.cat([self.context[-1:], draft_tokens])[None]  # [1, proposed + 1]
+        snap = state_cache.snapshot(self.cache) if self.replay else None  # hybrid, "replay": states before verify
         out = self.target.forward(inputs, cache=self.cache)  # 2. verify: logits [1, proposed + 1, V]
         t2 = _clock(dev)
         verdict = verify(draft_tokens, draft_probs, out.logits[0], cfg.sampling, self.generator)  # 3. accept
         a = verdict.accepted
-        rollback(self.cache, n_ctx + a)  # 4. keep context[:-1] + last + d1..da
+        if snap is not None and a < proposed:  # 4. (replay) states and keys back to n_ctx - 1, then last + d1..da again
+            state_cache.restore(self.cache, snap, proposed + 1)
+            self.target.forward(inputs[:, : a + 1], cache=self.cache)  # [1, a + 1]
+        else:
+            rollback(self.cache, n_ctx + a)  # 4. keep context[:-1] + last + d1..da
         committed = self._append(draft_tokens[:a].tolist() + [verdict.token])
         self._record_top2(out.logits[0], committed)
         t3 = _clock(dev)
@@ -254,11 +280,12 @@ class SpeculativeState:
 
 
 def generate(target: Target, proposer, prompt_ids: torch.Tensor, cfg: LoopConfig,
-             generator: torch.Generator | None = None) -> Generation:
-    """Run one request to its end (an EOS id or exactly cfg.max_new_tokens new tokens)."""
+             generator: torch.Generator | None = None, media: dict | None = None) -> Generation:
+    """Run one request to its end (an EOS id or exactly cfg.max_new_tokens new tokens); media: image
+    inputs of a vision-language target's prompt (SpeculativeState.prefill)."""
     state = SpeculativeState(target, proposer, cfg, generator)
     start = _clock(state.device)
-    state.prefill(prompt_ids)
+    state.prefill(prompt_ids, media)
     while not state.done:
         state.step()
     latency = _clock(state.device) - start
@@ -276,6 +303,8 @@ class BatchState:
     def __init__(self, target: Target, proposers: list, cfg: LoopConfig, generators: list | None = None):
         if cfg.tree is not None:
             raise UserError("batched decoding drafts chains only: drop --tree or use --batch-size 1")
+        if len(proposers) > 1 and (why := state_cache.loop_refusal(target.config, "batched decoding")):
+            raise UserError(why)
         generators = generators or [None] * len(proposers)
         self.target, self.cfg = target, cfg
         self.rows = [SpeculativeState(target, p, cfg, g) for p, g in zip(proposers, generators)]

@@ -29,9 +29,9 @@ def draft_layer_config(target_config, num_heads=None, num_kv_heads=None, interme
     query sees keys at most sliding_window - 1 positions back (None: full attention)."""
     from transformers import LlamaConfig
 
-    from draftsmith.targets.archs import draft_rope
+    from draftsmith.targets.archs import draft_rope, text_config
 
-    tc = target_config
+    tc = text_config(target_config)  # a vision-language target: its text backbone
     heads = num_heads or tc.num_attention_heads
     kv_heads = num_kv_heads or getattr(tc, "num_key_value_heads", None) or heads
     head_dim = head_dim or getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads

@@ -12,7 +12,8 @@ Three questions are answered here for any loaded transformers config:
     cannot serve it (empty when it can). Which reasons apply to a kind is the kind's class's answer
     (heads.refusals; export.refusals adds an export layout's), asked by inspect, train and the matrix.
 Also `default_aux_layer_ids(L)`, EAGLE-3's default feature layers (a trait of the target's depth).
-This module imports nothing from draftsmith: target, heads, export and inspect build on it.
+This module imports nothing from draftsmith but targets/state_cache.py (the hybrid targets' cache):
+target, heads, export and inspect build on it.
 
 The tiny configurations (`TINY`) keep every feature of the real model (layer types, rope type,
 soft-capping, MoE routing, MLA ranks) at 4 layers (so that local and global layers alternate and
@@ -36,6 +37,21 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
         if 0 <= ids[0] < ids[1] < ids[2] <= L - 1:
             return ids
     return [min(i, L - 1) for i in (0, 1, 2)]
+
+
+def valid_aux_layer_ids(config) -> tuple[list[int], str]:
+    """(the layer ids an EAGLE-3 / block drafter may read, why). On every architecture here, hybrids
+    included, hidden_states[i] is the residual stream entering decoder layer i, whatever that layer is
+    (attention, gated delta-net, Mamba-2, short conv, MLP only): every id in 0..L-1 is a hidden state
+    comparable across layers (tests/targets/test_hybrid_features.py checks it against the layer's
+    input). A layer's conv window or recurrent state is cache, never a feature. The default stays
+    [2, L//2, L-3] (default_aux_layer_ids), vLLM's SupportsEagle3 default for these targets too."""
+    c = text_config(config)
+    L = int(c.num_hidden_layers)
+    kinds = sorted(set(getattr(c, "layer_types", None) or []) - {"full_attention"})
+    what = f" (layer types {', '.join(['full_attention', *kinds])})" if kinds else ""
+    return list(range(L)), (f"0..{L - 1}: hidden_states[i] is the residual stream entering layer i{what}; "
+                            "recurrent / conv states are cache, never features")
 
 
 # --------------------------------------------------------------------------- traits
@@ -169,9 +185,15 @@ def logits_transform(config) -> tuple[float | None, float | None, float | None]:
 
 def config_refusals(config) -> list[str]:
     """Why no drafter kind can serve a target of this config ([] when the config is readable)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
     c = text_config(config)
     if getattr(c, "num_hidden_layers", 0) < 1 or not getattr(c, "hidden_size", None):
         return [f"{c.model_type}: the config has no decoder layers / hidden size draftsmith can read"]
+    remote = "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote:
+        return [f"{config.model_type}: transformers has no AutoModelForCausalLM class for it (it loads as an "
+                "image-text-to-text model), and draftsmith loads targets as causal LMs; not supported yet"]
     return []
 
 
@@ -301,6 +323,110 @@ def _llama4_text():
                                              "original_max_position_embeddings": 128})
 
 
+# Hybrid targets (issue 42): linear-attention / conv / Mamba-2 layers beside attention layers. Their
+# caches and how the loop rolls them back: targets/state_cache.py.
+LINEAR3_FULL1 = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
+
+
+def _gated_delta_net():
+    return dict(layer_types=LINEAR3_FULL1, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8,
+                linear_value_head_dim=8, linear_conv_kernel_dim=4)
+
+
+def _qwen3_next():
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(**BASE, head_dim=8, **_gated_delta_net(), num_experts=4, num_experts_per_tok=2,
+                           moe_intermediate_size=32, shared_expert_intermediate_size=32, decoder_sparse_step=1)
+
+
+def _qwen3_5():
+    from transformers import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(**BASE, head_dim=8, **_gated_delta_net())
+
+
+def _qwen3_5_moe():
+    from transformers import Qwen3_5MoeTextConfig
+
+    # saved and read back, its tokenizer class adds <|endoftext|> (id 259), as Qwen2.5's does
+    return Qwen3_5MoeTextConfig(**{**BASE, "vocab_size": 260}, head_dim=8, **_gated_delta_net(), num_experts=4, num_experts_per_tok=2,
+                                moe_intermediate_size=32, shared_expert_intermediate_size=32)
+
+
+def _lfm2():
+    from transformers import Lfm2Config
+
+    return Lfm2Config(**BASE, layer_types=["conv", "conv", "full_attention", "conv"], conv_L_cache=3)
+
+
+def _falcon_h1():
+    from transformers import FalconH1Config
+
+    return FalconH1Config(**BASE, head_dim=8, mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8,
+                          mamba_n_groups=1, mamba_d_conv=4, mamba_chunk_size=16)
+
+
+def _nemotron_h():
+    from transformers import NemotronHConfig
+
+    # M: Mamba-2, *: attention, -: MLP only
+    return NemotronHConfig(**BASE, head_dim=8, hybrid_override_pattern="M*M-", mamba_num_heads=4, mamba_head_dim=8,
+                           ssm_state_size=8, n_groups=1, conv_kernel=4, chunk_size=16)
+
+
+def _granite_hybrid():
+    from transformers import GraniteMoeHybridConfig
+
+    return GraniteMoeHybridConfig(**BASE, layer_types=["mamba", "mamba", "attention", "mamba"], mamba_n_heads=4,
+                                  mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1, mamba_d_conv=4,
+                                  mamba_chunk_size=16, num_local_experts=4, num_experts_per_tok=2,
+                                  shared_intermediate_size=32)
+
+
+def _kimi_linear():
+    from transformers import KimiLinearConfig
+
+    return KimiLinearConfig(**{**BASE, "num_key_value_heads": 4},
+                            layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+                            linear_attn_config={"head_dim": 8, "num_heads": 4, "short_conv_kernel_size": 4},
+                            kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+                            num_experts=4, num_experts_per_token=2, moe_intermediate_size=32)
+
+
+# Vision-language targets (issue 42): the full model with its vision tower, on text prompts here.
+VISION_TOKENS = dict(image_token_id=290, video_token_id=291, vision_start_token_id=292, vision_end_token_id=293)
+
+
+def _gemma3_vl():
+    from transformers import Gemma3Config
+
+    return Gemma3Config(text_config=_gemma3().to_dict(), mm_tokens_per_image=4, image_token_index=256,
+                        boi_token_index=257, eoi_token_index=258,
+                        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                           num_attention_heads=4, image_size=56, patch_size=14))
+
+
+def _qwen25_vl():
+    from transformers import Qwen2_5_VLConfig
+
+    return Qwen2_5_VLConfig(text_config={**BASE, "vocab_size": 300, "rope_parameters": {
+                                "rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 1e6}},
+                            vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=4,
+                                               out_hidden_size=32, fullatt_block_indexes=[1]), **VISION_TOKENS)
+
+
+def _qwen3_vl():
+    from transformers import Qwen3VLConfig
+
+    return Qwen3VLConfig(text_config={**BASE, "vocab_size": 300, "head_dim": 8, "rope_parameters": {
+                             "rope_type": "default", "mrope_section": [1, 1, 2], "mrope_interleaved": True,
+                             "rope_theta": 1e6}},
+                         vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=4,
+                                            out_hidden_size=32, num_position_embeddings=64,
+                                            deepstack_visual_indexes=[1]), **VISION_TOKENS)
+
+
 # name -> (what it stands for, tiny config factory)
 TINY = {
     "llama3": ("Llama 3.x (llama3 rope scaling)", _llama3),
@@ -316,22 +442,36 @@ TINY = {
     "olmo2": ("OLMo-2", _olmo2),
     "glm4": ("GLM-4 (partial rotary)", _glm4),
     "llama4-text": ("Llama 4 text backbone of the Llama 4 VLM (chunked attention, NoPE layers, MoE)", _llama4_text),
+    "qwen3-next": ("Qwen3-Next (hybrid: gated delta-net + attention, MoE)", _qwen3_next),
+    "qwen3.5": ("Qwen3.5 text (hybrid: gated delta-net + attention)", _qwen3_5),
+    "qwen3.5-moe": ("Qwen3.5-MoE text (hybrid: gated delta-net + attention, MoE)", _qwen3_5_moe),
+    "lfm2": ("LFM2 (hybrid: short convolutions + attention)", _lfm2),
+    "falcon-h1": ("Falcon-H1 (hybrid: Mamba-2 and attention in every layer)", _falcon_h1),
+    "nemotron-h": ("Nemotron-H (hybrid: Mamba-2, attention and MLP-only layers)", _nemotron_h),
+    "granite-4-hybrid": ("Granite-4 hybrid (granitemoehybrid: Mamba-2 + attention, MoE)", _granite_hybrid),
+    "kimi-linear": ("Kimi-Linear (hybrid: KDA linear attention + MLA, MoE)", _kimi_linear),
+    "gemma3-vl": ("Gemma-3 with its SigLIP vision tower (Gemma3ForConditionalGeneration), text prompts", _gemma3_vl),
+    "qwen2.5-vl": ("Qwen2.5-VL (vision tower, M-RoPE)", _qwen25_vl),
+    "qwen3-vl": ("Qwen3-VL (vision tower, interleaved M-RoPE, deepstack)", _qwen3_vl),
 }
 
 
-def new_cache(config):
+def new_cache(config, keep_states: int = 1, state_rollback: str = "keep"):
     """A DynamicCache for the speculative loop that can be rolled back on every layer.
 
     Sliding-window (and chunked) layers keep only the last window of keys; a rejected draft
     could then not be cropped once the window is full. Past recording keeps the full keys
     until the next crop, which restores the window (transformers' DynamicSlidingWindowLayer).
+    Recurrent and convolutional layers of hybrid targets (targets/state_cache.py) keep the state
+    at each of the last `keep_states` positions of a forward (state_rollback "keep"), or are
+    snapshotted by the loop ("replay").
     """
     from transformers import DynamicCache
 
+    from draftsmith.targets import state_cache
+
     cache = DynamicCache(config=config)
-    for layer in getattr(cache, "layers", []):
-        if hasattr(layer, "activate_past_recording"):
-            layer.activate_past_recording()
+    state_cache.activate(cache, keep_states, state_rollback)
     return cache
 
 

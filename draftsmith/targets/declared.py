@@ -135,4 +135,7 @@ def check_checkpoint_layers(local: str | Path) -> None:
     config = read_json_object(config_file, "target's config.json")
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     names = [name for w in weights for name in check_safetensors(w) if name != "__metadata__"]
-    _check_layers(config_file, "num_hidden_layers", text.get("num_hidden_layers"), names)
+    key, declared = "num_hidden_layers", text.get("num_hidden_layers")
+    if declared is None and isinstance(text.get("layers_block_type"), list):  # Nemotron-H saves its layer list only
+        key, declared = "layers_block_type (its length)", len(text["layers_block_type"])
+    _check_layers(config_file, key, declared, names)

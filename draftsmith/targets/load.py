@@ -167,11 +167,15 @@ class Target:
     # ---- shape facts
     @property
     def num_layers(self) -> int:
-        return self.config.num_hidden_layers
+        from draftsmith.targets.archs import text_config
+
+        return text_config(self.config).num_hidden_layers  # a vision-language target: its text backbone's
 
     @property
     def hidden_size(self) -> int:
-        return self.config.hidden_size
+        from draftsmith.targets.archs import text_config
+
+        return text_config(self.config).hidden_size
 
     @property
     def vocab_size(self) -> int:
@@ -304,7 +308,8 @@ class Target:
 
     # ---- forward
     @torch.no_grad()
-    def forward(self, input_ids, attention_mask=None, cache=None, position_ids=None) -> TargetOutput:
+    def forward(self, input_ids, attention_mask=None, cache=None, position_ids=None, **media) -> TargetOutput:
+        """media: a vision-language target's processor outputs beside the ids (pixel_values, token_type_ids)."""
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -312,6 +317,7 @@ class Target:
             cache=cache,
             use_cache=cache is not None,
             output_hidden_states=True,
+            **media,
         )
         return TargetOutput(logits=out.logits, hidden_states=out.hidden_states)
 

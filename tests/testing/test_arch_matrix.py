@@ -58,7 +58,8 @@ def test_matrix_row(arch, tmp_path):
                 rope = llama.get("rope_parameters") or llama.get("rope_scaling") or {}  # TRT-LLM: rope_scaling only
                 assert rope.get("rope_type", "default") == archs.draft_rope(archs.TINY[arch][1]()).get("rope_type"), (fmt, rope)
     # rollback is exercised: random drafters get rejected (a cell whose draft loops with the target may not)
-    assert sum(not c.checks.get("lossless", "").endswith("(0 with a rejection)") for c in cells if c.status == "ok") >= 3
+    ok = [c for c in cells if c.status == "ok"]  # a row refused at config time (no model class) has none
+    assert not ok or sum(not c.checks.get("lossless", "").endswith("(0 with a rejection)") for c in ok) >= 3
     assert doc_row(arch) == {c.kind: c.status for c in cells}, "docs/targets.md is stale: run scripts/gen_targets_doc.py"
 
 
