@@ -95,7 +95,7 @@ class _EventStamp:
         return earlier.event.elapsed_time(self.event) / 1e3  # ms -> s
 
 
-def _clock(device: torch.device):
+def clock(device: torch.device):
     """A time stamp: seconds from time.perf_counter on CPU, a CUDA event on a GPU; subtract two."""
     if device.type == "cuda":
         return _EventStamp(device)
@@ -197,12 +197,12 @@ class SpeculativeState:
                              f"max_position_embeddings ({limit}); shorten the prompt or lower --max-new-tokens")
         if self.cfg.max_new_tokens < 1:
             raise UserError("max_new_tokens must be >= 1")
-        start = _clock(self.device)
+        start = clock(self.device)
         media = {k: v.to(self.device) for k, v in (media or {}).items()}
         out = self.target.forward(prompt_ids[None], cache=self.cache, **media)  # [1, n] -> logits [1, n, V]
         rollback(self.cache, n)  # nothing to drop: releases the states a hybrid cache recorded
         first = self._first_token(out.logits[0, -1])
-        self.ttft_s = _clock(self.device) - start
+        self.ttft_s = clock(self.device) - start
         self.context = prompt_ids
         self._record_top2(out.logits[0, -1:], self._append([first]))
         if self.proposer is not None and self.cfg.k > 0 and not self.done:
@@ -218,7 +218,7 @@ class SpeculativeState:
         n_ctx = self.context.shape[0]
         remaining = cfg.max_new_tokens - len(self.new_tokens)
         k_round = min(cfg.k, remaining - 1)  # a round commits <= k_round + 1 tokens: never past max_new_tokens
-        t0 = _clock(dev)
+        t0 = clock(dev)
         draft_tokens = torch.empty(0, dtype=torch.long, device=dev)
         draft_probs = None
         if k_round > 0:  # 1. draft
@@ -226,11 +226,11 @@ class SpeculativeState:
             draft_tokens = draft.tokens.to(dev).long().reshape(-1)[:k_round]
             draft_probs = None if draft.probs is None else draft.probs[: draft_tokens.shape[0]]
         proposed = draft_tokens.shape[0]
-        t1 = _clock(dev)
+        t1 = clock(dev)
         inputs = torch.cat([self.context[-1:], draft_tokens])[None]  # [1, proposed + 1]
         snap = state_cache.snapshot(self.cache) if self.replay else None  # hybrid, "replay": states before verify
         out = self.target.forward(inputs, cache=self.cache)  # 2. verify: logits [1, proposed + 1, V]
-        t2 = _clock(dev)
+        t2 = clock(dev)
         verdict = verify(draft_tokens, draft_probs, out.logits[0], cfg.sampling, self.generator)  # 3. accept
         a = verdict.accepted
         if snap is not None and a < proposed:  # 4. (replay) states and keys back to n_ctx - 1, then last + d1..da again
@@ -240,10 +240,10 @@ class SpeculativeState:
             rollback(self.cache, n_ctx + a)  # 4. keep context[:-1] + last + d1..da
         committed = self._append(draft_tokens[:a].tolist() + [verdict.token])
         self._record_top2(out.logits[0], committed)
-        t3 = _clock(dev)
+        t3 = clock(dev)
         if k_round > 0 and not self.done:  # 5. commit (positions 0..a: tokens d1..da, t)
             self.proposer.commit(self.context, a + 1, slice_output(out, a + 1))
-        t4 = _clock(dev)
+        t4 = clock(dev)
         stats = RoundStats(proposed, a, committed, draft_s=(t1 - t0) + (t4 - t3), verify_s=t2 - t1, total_s=t4 - t0)
         self.rounds.append(stats)
         return stats
@@ -253,15 +253,15 @@ class SpeculativeState:
         cfg, dev = self.cfg, self.device
         n_past = self.context.shape[0] - 1  # the cache holds every committed token but the last
         depth = min(cfg.tree.depth, cfg.max_new_tokens - len(self.new_tokens) - 1)
-        t0 = _clock(dev)
+        t0 = clock(dev)
         empty = torch.empty(0, dtype=torch.long, device=dev)
         tree = tree_mod.build(self.proposer, cfg.tree, depth) if depth > 0 else tree_mod.Tree.chain(empty)  # 1.
         tree = tree_mod.Tree(tree.tokens.to(dev), tree.parents.to(dev), tree.depths.to(dev))
-        t1 = _clock(dev)
+        t1 = clock(dev)
         mask, positions = tree_mod.verify_inputs(tree, n_past, self.target.dtype)  # [1, 1, N+1, n_past+N+1], [1, N+1]
         inputs = torch.cat([self.context[-1:], tree.tokens])[None]  # [1, N + 1]
         out = self.target.forward(inputs, attention_mask=mask, cache=self.cache, position_ids=positions)  # 2.
-        t2 = _clock(dev)
+        t2 = clock(dev)
         verdict = tree_mod.verify_tree(tree, out.logits[0], cfg.sampling, self.generator)  # 3.
         keep = tree_mod.keep_indices(verdict.path, n_past, dev)  # [n_past + 1 + a]
         tree_mod.gather_cache(self.cache, keep)  # 4. gather, not crop
@@ -270,10 +270,10 @@ class SpeculativeState:
         rows = keep[n_past:] - n_past  # [a + 1]: the root and the accepted nodes
         if self.top2 is not None:  # only --check-lossless's rerun: the gather copies [a + 1, V] logits
             self._record_top2(out.logits[0, rows], committed)
-        t3 = _clock(dev)
+        t3 = clock(dev)
         if depth > 0 and not self.done:  # 5. the target's outputs at the root and the accepted nodes
             self.proposer.commit(self.context, a + 1, TargetOutput(out.logits[:, rows], tuple(h[:, rows] for h in out.hidden_states)))
-        t4 = _clock(dev)
+        t4 = clock(dev)
         stats = RoundStats(len(tree), a, committed, draft_s=(t1 - t0) + (t4 - t3), verify_s=t2 - t1, total_s=t4 - t0)
         self.rounds.append(stats)
         return stats
@@ -284,11 +284,11 @@ def generate(target: Target, proposer, prompt_ids: torch.Tensor, cfg: LoopConfig
     """Run one request to its end (an EOS id or exactly cfg.max_new_tokens new tokens); media: image
     inputs of a vision-language target's prompt (SpeculativeState.prefill)."""
     state = SpeculativeState(target, proposer, cfg, generator)
-    start = _clock(state.device)
+    start = clock(state.device)
     state.prefill(prompt_ids, media)
     while not state.done:
         state.step()
-    latency = _clock(state.device) - start
+    latency = clock(state.device) - start
     return Generation(prompt_ids=prompt_ids.reshape(-1).tolist(), tokens=list(state.new_tokens), stop=state.stop, ttft_s=state.ttft_s, latency_s=latency,
                       rounds=state.rounds, k=cfg.k, top2=state.top2, logits_dtype=state.logits_dtype)
 
@@ -313,7 +313,7 @@ class BatchState:
     def prefill(self, prompts: list[torch.Tensor]) -> None:
         for row, ids in zip(self.rows, prompts):
             row.prefill(ids)
-        self.start = _clock(self.target.device)
+        self.start = clock(self.target.device)
         self.cache, self.valid = batch_mod.stack_caches([r.cache for r in self.rows], self.target.config)
         for row in self.rows:
             row.cache = None  # the batched cache holds every row's entries now
@@ -325,7 +325,7 @@ class BatchState:
         return not self.active
 
     def _drop_finished(self) -> None:
-        now = _clock(self.target.device)
+        now = clock(self.target.device)
         keep = [j for j, i in enumerate(self.active) if not self.rows[i].done]
         for i in self.active:
             if self.rows[i].done:
@@ -339,10 +339,10 @@ class BatchState:
         4. per-row rollback by gather (repack), 5. commit per row."""
         cfg, dev = self.cfg, self.target.device
         live = [self.rows[i] for i in self.active]
-        t0 = _clock(dev)
+        t0 = clock(dev)
         drafts, draft_s = [], []
         for row in live:  # 1.
-            t = _clock(dev)
+            t = clock(dev)
             k_round = min(cfg.k, cfg.max_new_tokens - len(row.new_tokens) - 1)
             tokens, probs = torch.empty(0, dtype=torch.long, device=dev), None
             if k_round > 0:
@@ -350,15 +350,15 @@ class BatchState:
                 tokens = d.tokens.to(dev).long().reshape(-1)[:k_round]
                 probs = None if d.probs is None else d.probs[: tokens.shape[0]]
             drafts.append((tokens, probs))
-            draft_s.append(_clock(dev) - t)
-        t1 = _clock(dev)
+            draft_s.append(clock(dev) - t)
+        t1 = clock(dev)
         q = 1 + max(t.shape[0] for t, _ in drafts)
         inputs = torch.zeros(len(live), q, dtype=torch.long, device=dev)  # [B, q], padded drafts are never kept
         for r, (row, (tokens, _)) in enumerate(zip(live, drafts)):
             inputs[r, : tokens.shape[0] + 1] = torch.cat([row.context[-1:], tokens])
         mask, positions = batch_mod.verify_inputs(self.valid, q, self.target.dtype)  # [B, 1, q, L + q], [B, q]
         out = self.target.forward(inputs, attention_mask=mask, cache=self.cache, position_ids=positions)  # 2.
-        t2 = _clock(dev)
+        t2 = clock(dev)
         accepted = []
         for r, (row, (tokens, probs)) in enumerate(zip(live, drafts)):  # 3.
             n = tokens.shape[0]
@@ -367,12 +367,12 @@ class BatchState:
             accepted.append((n, verdict.accepted, committed))
         self.valid = batch_mod.repack(self.cache, self.valid, [a + 1 for _, a, _ in accepted])  # 4.
         for r, (row, (n, a, _)) in enumerate(zip(live, accepted)):  # 5.
-            tc = _clock(dev)
+            tc = clock(dev)
             if n > 0 and not row.done:
                 row.proposer.commit(row.context, a + 1, TargetOutput(out.logits[r:r + 1, : a + 1],
                                                                      tuple(h[r:r + 1, : a + 1] for h in out.hidden_states)))
-            draft_s[r] += _clock(dev) - tc
-        t4 = _clock(dev)
+            draft_s[r] += clock(dev) - tc
+        t4 = clock(dev)
         for row, (n, a, committed), ds in zip(live, accepted, draft_s):
             row.rounds.append(RoundStats(n, a, committed, draft_s=ds, verify_s=t2 - t1, total_s=t4 - t0))
         self._drop_finished()

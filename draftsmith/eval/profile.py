@@ -39,7 +39,7 @@ import torch
 from draftsmith.core.errors import UserError
 from draftsmith.eval import batch as batch_mod
 from draftsmith.eval import workloads
-from draftsmith.eval.loop import LoopConfig, _clock, generate
+from draftsmith.eval.loop import LoopConfig, clock, generate
 from draftsmith.report import speedup_model
 from draftsmith.report.speedup_model import PROFILE_FILE, PROFILE_SCHEMA, expected_tau
 
@@ -68,16 +68,16 @@ class _Timed:
         self.in_prefill = True
 
     def commit(self, context, num_new, target_out):
-        t0 = _clock(context.device)
+        t0 = clock(context.device)
         self.inner.commit(context, num_new, target_out)
         if not self.in_prefill:  # the prefill's commit is not a round's
-            self.commit_s.append(_clock(context.device) - t0)
+            self.commit_s.append(clock(context.device) - t0)
         self.in_prefill = False
 
     def propose(self, context, k, sampling, generator=None):
-        t0 = _clock(context.device)
+        t0 = clock(context.device)
         draft = self.inner.propose(context, k, sampling, generator)
-        self.propose_per_token.append((_clock(context.device) - t0) / max(1, k))
+        self.propose_per_token.append((clock(context.device) - t0) / max(1, k))
         return draft
 
 
@@ -167,9 +167,9 @@ def measure_verify(target, batches: list[int], widths: list[int], contexts: list
             for rep in range(repeats + 1):  # the first round is a warm-up
                 for w in widths:
                     mask, pos = inputs[w]
-                    t0 = _clock(target.device)
+                    t0 = clock(target.device)
                     target.forward(ids[:, c:c + w], attention_mask=mask, cache=cache, position_ids=pos)
-                    dt = _clock(target.device) - t0
+                    dt = clock(target.device) - t0
                     cache.crop(-w)
                     if rep:
                         times[w].append(dt)

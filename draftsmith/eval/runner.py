@@ -143,14 +143,14 @@ def _batched_pass(target, proposer, ids_list: list, k: int, s: EvalSettings, see
     """One batch through loop.generate_batch -> (generations, wall seconds including the prefills)."""
     import copy
 
-    from draftsmith.eval.loop import _clock, generate_batch
+    from draftsmith.eval.loop import clock, generate_batch
 
     cfg = LoopConfig(k=k, max_new_tokens=s.max_new_tokens, sampling=s.sampling, eos_ids=s.eos_ids)
     props = [copy.copy(proposer) if k else None for _ in ids_list]  # one proposer per request (shared weights)
     gens = [torch.Generator(device=target.device).manual_seed(seed + i) for i in range(len(ids_list))]
-    start = _clock(target.device)
+    start = clock(target.device)
     out = generate_batch(target, props, ids_list, cfg, gens)
-    return out, _clock(target.device) - start
+    return out, clock(target.device) - start
 
 
 def run_batched(target, proposer, name: str, s: EvalSettings, batch_sizes: list[int],

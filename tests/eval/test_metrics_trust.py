@@ -96,9 +96,9 @@ def test_cuda_timing_uses_events_not_synchronize(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "synchronize", no_sync)
     dev = torch.device("cuda")
-    t0 = loop._clock(dev)
+    t0 = loop.clock(dev)
     clock["now"] = 0.25
-    t1 = loop._clock(dev)
+    t1 = loop.clock(dev)
     assert t1 - t0 == pytest.approx(0.25)
 
 
