@@ -27,7 +27,8 @@ ROOM = 16  # positions a round needs besides the drafts: a short prompt and the 
 
 
 def target_positions(target_config) -> int | None:
-    value = getattr(target_config, "max_position_embeddings", None)
+    text = getattr(target_config, "get_text_config", None)  # a vision-language target: its text backbone's positions
+    value = getattr(text() if callable(text) else target_config, "max_position_embeddings", None)
     return int(value) if isinstance(value, int) and value > 0 else None
 
 

@@ -15,6 +15,7 @@ from draftsmith import __version__
 from draftsmith import config as config_mod
 from draftsmith.core.errors import UserError
 from draftsmith.core.registry import Registry
+from draftsmith.targets.archs import text_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 WEIGHTS_FILE = "model.safetensors"
@@ -268,8 +269,9 @@ def rope_fields(rope: dict) -> dict:
 
 
 def llama_fields(layer_config, target_config, dtype: torch.dtype) -> dict:
-    """The draft layer's Llama config as engines read it; max positions and rope from the target."""
-    lc, tc = layer_config, target_config
+    """The draft layer's Llama config as engines read it; max positions and rope from the target (a vision-language
+    target's text backbone)."""
+    lc, tc = layer_config, text_config(target_config)
     fields = {
         "model_type": "llama",
         "hidden_size": lc.hidden_size,

@@ -32,6 +32,7 @@ from draftsmith.export.layout import (
     rope_scaling_of,
     target_rope,
 )
+from draftsmith.targets.archs import text_config
 
 
 def validate_export(export_dir: Path, exporter, loaded, opts: ExportOptions, k: int) -> dict:
@@ -140,7 +141,7 @@ def _same(a, b) -> bool:
 def check_rope(llama: dict, target_config) -> list[str]:
     """rope_theta, rope_scaling and max_position_embeddings must be the target's, never defaults."""
     problems = []
-    want_pos = target_config.max_position_embeddings
+    want_pos = text_config(target_config).max_position_embeddings  # a vision-language target: its text backbone
     got_pos = llama.get("max_position_embeddings")
     if got_pos != want_pos:
         problems.append(

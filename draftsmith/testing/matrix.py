@@ -33,10 +33,6 @@ from draftsmith.export import formats_for as export_formats_for
 from draftsmith.heads import DRAFTERS
 
 NOT_RUN = "not run: checked by its engine's own program, not in-process (the format's round-trip tests run it)"
-# Exports of a vision-language target wait for the export redesign (issue 42): export/ reads the target's
-# top-level config (max_position_embeddings), which a VLM config keeps in its text_config.
-VLM_EXPORT_PENDING = ("refused: exports of a vision-language target are not written yet (export/ reads the text "
-                      "settings from the top-level config; a VLM keeps them in text_config)")
 
 
 def matrix_kinds() -> list[str]:
@@ -176,9 +172,6 @@ def run_cell(arch: str, kind: str, target, target_dir: Path, data: Path, workdir
             why = can_export(kind, fmt, None, target.config)
             if why:
                 cell.checks[f"export {fmt}"] = "refused: " + "; ".join(why)
-                continue
-            if getattr(target.config, "vision_config", None) is not None:
-                cell.checks[f"export {fmt}"] = VLM_EXPORT_PENDING
                 continue
             if not EXPORTERS.get(fmt).checked_in_process:  # llama.cpp: llama-server checks it, in its own tests
                 cell.checks[f"export {fmt}"] = NOT_RUN
