@@ -205,7 +205,7 @@ def _servable_k(exporter, loaded, k: int) -> bool:
     check = getattr(exporter.layout(loaded.drafter.kind), "check_k", None)
     try:
         if check is not None:
-            check(loaded.drafter, k)
+            check(loaded.drafter.cfg, k)
     except ValueError:
         return False
     return True

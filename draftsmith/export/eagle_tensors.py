@@ -236,7 +236,7 @@ def eagle3_norm_problems(config: dict, drafter) -> list[str]:
     """config.json's EAGLE 3.1 fields against the trained drafter's options."""
     problems = []
     for key in ("norm_before_residual", "fc_norm", "norm_output"):
-        trained = bool(getattr(drafter.cfg, key, False))  # kinds without the option run it off
+        trained = drafter.eagle31_norms(drafter.cfg)[key]
         if key in config and config[key] is not trained:
             problems.append(f"config.json: {key} is {config[key]!r} but the drafter was trained with "
                             f"drafter.{key}={trained!r}")

@@ -53,7 +53,7 @@ class _HFDraft:
 
     def drafter_state_dict(self, drafter, source) -> dict:
         """The weights under the draft LM drafter's names (it keeps the HF model as `model`), for train.init_from."""
-        if getattr(drafter.cfg, "lora", None) is not None:
+        if drafter.cfg.lora is not None:  # the hf format takes draft LMs only
             raise UserError(f"train.init_from={source}: an hf export holds merged weights; warm start a LoRA draft LM "
                              "from its checkpoint directory instead")
         return {f"model.{k}": v for k, v in self.state_dict().items()}

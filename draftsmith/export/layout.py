@@ -126,6 +126,13 @@ class Layout:
     # validate.py checks d2t/t2d of the files against the trained drafter's mapping
     carries_vocab_map: ClassVar[bool] = False
 
+    @property
+    def drafter_class(self):
+        """The drafter kind this layout was made for (heads/<kind>.py): its class facts, e.g. tokens_per_round."""
+        from draftsmith.heads import DRAFTERS
+
+        return DRAFTERS.get(self.kind)
+
     def __init__(self, name: str, engine: str, kind: str = ""):
         self.name, self.engine = name, engine  # the format's --to name and its engine (sidecar, messages)
         self.kind = kind  # the drafter kind this layout is registered (and built) for
@@ -339,8 +346,8 @@ def num_tokens(loaded, opts: ExportOptions, default: int) -> int:
         k, name = opts.num_speculative_tokens, "--num-speculative-tokens"
     else:
         k = default
-        trained = getattr(getattr(loaded.drafter, "cfg", None), "ttt_steps", None)
-        name = ("drafter.ttt_steps (the default of --num-speculative-tokens)" if trained == default
+        trained = loaded.drafter.tokens_per_round(loaded.drafter.cfg)
+        name = ("the drafter's trained tokens per round (the default of --num-speculative-tokens)" if trained == default
                 else "the drafter's default k (--num-speculative-tokens)")
     return check_draft_tokens(k, name, loaded.target.config)
 
@@ -356,7 +363,7 @@ def window_fields(drafter, num_layers: int) -> dict:
     full attention (the export stays as before), else sliding_window W and layer_types all "sliding_attention"
     (vLLM's Llama and Qwen3 attention read layer_types[i] and sliding_window; transformers' Qwen3 config
     use_sliding_window and max_window_layers as well)."""
-    window = getattr(drafter.cfg, "sliding_window", None)
+    window = drafter.attention_window(drafter.cfg)
     if window is None:
         return {}
     return {"sliding_window": int(window), "layer_types": ["sliding_attention"] * num_layers,
@@ -382,7 +389,7 @@ def window_problems(layer: dict, drafter, num_layers: int) -> list[str]:
 def refuse_window(drafter, engine: str) -> None:
     """A format whose engine has no per-draft attention window (SGLang's and TensorRT-LLM's EAGLE-3 drafts
     attend to the whole context) would run a windowed drafter differently than it was trained: refuse."""
-    window = getattr(drafter.cfg, "sliding_window", None)
+    window = drafter.attention_window(drafter.cfg)
     if window is not None:
         raise UserError(f"this drafter was trained with drafter.sliding_window={window}, which {engine}'s EAGLE-3 draft "
                          "cannot express (it attends to the whole context): export it with --to vllm, or retrain with "

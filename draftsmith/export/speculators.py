@@ -64,15 +64,6 @@ QWEN3_LAYER_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidde
                     "rope_theta", "hidden_act")
 
 
-def speculative_tokens(drafter) -> int:
-    """Tokens one block proposes: block_size - 1 (slot 0 is the anchor) unless sample_from_anchor."""
-    return drafter.block_size - (0 if getattr(drafter, "sample_from_anchor", False) else 1)
-
-
-def full_vocab(drafter) -> bool:
-    return drafter.d2t.shape[0] == drafter.t2d.shape[0]
-
-
 def drafter_weights(tensors: dict[str, torch.Tensor], loaded, keep_embedding: bool = False) -> dict[str, torch.Tensor]:
     """Export tensors -> the drafter's own state_dict names (full-vocabulary exports carry no d2t/t2d;
     the embedding is the target's, except P-EAGLE's own)."""

@@ -163,6 +163,32 @@ class Drafter(nn.Module):
         blocks += 1 if required & {"last_hidden_state", "target_logits"} else 0
         return blocks * target.hidden_size
 
+    @classmethod
+    def tokens_per_round(cls, cfg) -> int | None:
+        """The draft tokens one round was trained for, where the kind has such a number (EAGLE-3: its TTT steps; a
+        block drafter: one block's drafts; P-EAGLE: its depths): export's default k and the k an engine must run.
+        None where heads or stages bound k (max_draft_tokens) or nothing does. A class fact: `draftsmith doctor`
+        asks it of a recorded Config without building the drafter."""
+        return None
+
+    @classmethod
+    def attention_window(cls, cfg) -> int | None:
+        """The sliding window the draft's own attention layers were trained with; None: they attend to the whole
+        context (and kinds without a draft attention layer)."""
+        return None
+
+    @classmethod
+    def eagle31_norms(cls, cfg) -> dict[str, bool]:
+        """EAGLE 3.1's norm options as trained (norm_before_residual, fc_norm, norm_output); every kind without them
+        runs them off."""
+        return {"norm_before_residual": False, "fc_norm": False, "norm_output": False}
+
+    def uses_full_vocabulary(self) -> bool:
+        """True when the drafter scores the target's whole vocabulary (no reduced draft vocabulary: an export writes
+        no d2t / t2d, and llama.cpp's block graphs need it)."""
+        d2t, t2d = getattr(self, "d2t", None), getattr(self, "t2d", None)  # the draft-vocabulary buffers, if any
+        return d2t is None or t2d is None or d2t.shape[0] == t2d.shape[0]
+
     def max_draft_tokens(self) -> int | None:
         """The most tokens one proposal can hold (heads, stages or one block's drafts); None: no limit."""
         return None

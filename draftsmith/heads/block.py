@@ -128,6 +128,15 @@ class BlockDrafting:
 
     sample_from_anchor: bool = False
 
+    @classmethod
+    def attention_window(cls, cfg) -> int | None:
+        return cfg.sliding_window
+
+    @classmethod
+    def tokens_per_round(cls, cfg) -> int:
+        """Tokens one block drafts: block_size - 1 (slot 0 is the anchor), or block_size with sample_from_anchor."""
+        return cfg.block_size - (0 if cls.sample_from_anchor else 1)
+
     def build_modules(self, cfg, layer_config, aux_layer_ids: list[int], draft_vocab_size: int, target_vocab_size: int,
                       embed_tokens: nn.Embedding, mask_token_id: int) -> None:
         """The layers of every block drafter (called from the kind's __init__; no file I/O)."""

@@ -154,6 +154,19 @@ class Eagle3Drafter(Drafter):
 
     # ------------------------------------------------------------------ construction
     @classmethod
+    def attention_window(cls, cfg) -> int | None:
+        return cfg.sliding_window
+
+    @classmethod
+    def eagle31_norms(cls, cfg) -> dict[str, bool]:
+        return {"norm_before_residual": bool(cfg.norm_before_residual), "fc_norm": bool(cfg.fc_norm),
+                "norm_output": bool(cfg.norm_output)}
+
+    @classmethod
+    def tokens_per_round(cls, cfg) -> int:
+        return cfg.ttt_steps  # trained to draft ttt_steps tokens a round
+
+    @classmethod
     def from_target(cls, cfg, target, token_counts=None) -> "Eagle3Drafter":
         # A checkpoint may predate the aux rule (id == num_layers was accepted then): rebuild it as trained.
         # Training refuses such ids before it gets here (heads.check_for_training -> feature_layers_for).

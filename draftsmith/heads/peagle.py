@@ -105,6 +105,14 @@ class PEagleDrafter(Drafter):
 
     # ------------------------------------------------------------------ construction
     @classmethod
+    def attention_window(cls, cfg) -> int | None:
+        return cfg.sliding_window
+
+    @classmethod
+    def tokens_per_round(cls, cfg) -> int:
+        return cfg.num_depths  # one forward drafts num_depths tokens
+
+    @classmethod
     def from_target(cls, cfg, target, token_counts=None) -> "PEagleDrafter":
         if cfg.num_depths < 1:
             raise UserError(f"drafter.num_depths {cfg.num_depths}: needs >= 1")

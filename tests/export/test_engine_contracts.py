@@ -23,7 +23,6 @@ from draftsmith import checkpoint
 from draftsmith.export import EXPORTERS, export
 from draftsmith.export.layout import ExportOptions, ExportValidationError
 from draftsmith.export.validate import validate_export
-from draftsmith.export.vllm.parallel import speculative_tokens
 from draftsmith.report.speedup_model import PROFILE_FILE, PROFILE_SCHEMA
 
 
@@ -82,7 +81,7 @@ def test_peagle_serve_command_is_eagle3_with_parallel_drafting(tmp_path):
 @pytest.mark.parametrize("kind", ["dflash", "dspark"])
 def test_block_export_refuses_k_below_one_block(blocks, kind, tmp_path):
     path, loaded = blocks[kind]
-    whole = speculative_tokens(loaded.drafter)  # dflash: block_size - 1 (anchor slot); dspark samples from it: 4
+    whole = loaded.drafter.tokens_per_round(loaded.drafter.cfg)  # dflash: block_size - 1 (anchor slot); dspark samples from it: 4
     with pytest.raises(ValueError, match=rf"--num-speculative-tokens {whole - 1} .*block_size 4") as err:
         export(path, "vllm", tmp_path / "x", ExportOptions(num_speculative_tokens=whole - 1), loaded=loaded)
     assert "\n" not in str(err.value)  # one line
@@ -98,7 +97,7 @@ def test_block_export_ignores_a_profiles_k_below_one_block(blocks, tmp_path):
     (path / PROFILE_FILE).write_text(json.dumps({"schema": PROFILE_SCHEMA, "recommended_num_speculative_tokens": 1}))
     result = export(path, "vllm", tmp_path / "x")
     config = json.loads((result.out_dir / "config.json").read_text())
-    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == speculative_tokens(loaded.drafter)
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == loaded.drafter.tokens_per_round(loaded.drafter.cfg)
 
 
 def test_trtllm_eagle3_writes_midlayer_names_and_loads_back(eagle3_ckpt, eagle3_loaded, tmp_path):

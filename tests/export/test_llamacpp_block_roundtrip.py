@@ -52,11 +52,11 @@ def test_block_drafter_train_export_serve_round_trip(kind, tools, target_gguf, t
 
     from draftsmith.checkpoint import load_drafter
     from draftsmith.cli import main
-    from draftsmith.export.llamacpp.block import block_drafts, gguf_block_problems
+    from draftsmith.export.llamacpp.block import gguf_block_problems
 
     ckpt = train_tiny(kind, tmp_path)
     drafter = load_drafter(ckpt, device="cpu").drafter
-    k = block_drafts(drafter)
+    k = drafter.tokens_per_round(drafter.cfg)
     out = tmp_path / "gguf"
     assert main(["export", str(ckpt), "--to", "llama.cpp", "--out", str(out), "--num-speculative-tokens", str(k),
                  "--target-gguf", str(target_gguf)]) == 0

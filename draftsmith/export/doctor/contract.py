@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
+from draftsmith.config import typed_drafter_options
 from draftsmith.core.bounds import MAX_DRAFT_TOKENS, check_draft_tokens
 from draftsmith.core.errors import UserError
 from draftsmith.core.files import read_json_object
@@ -98,12 +98,11 @@ class Contract:
             return bool(DRAFTERS.get(self.kind).drafts_block and self.k is not None and k != self.k)
         if check is None:
             return False
-        cls = DRAFTERS.get(self.kind)
-        stand_in = SimpleNamespace(kind=self.kind, cfg=SimpleNamespace(**self.options),
-                                   block_size=self.options.get("block_size"),
-                                   sample_from_anchor=bool(getattr(cls, "sample_from_anchor", False)))
+        typed, problems, _ = typed_drafter_options(self.kind, dict(self.options))  # the recorded Config, typed
+        if problems:  # a recipe the kind no longer reads: a block drafter takes exactly the exported block
+            return bool(DRAFTERS.get(self.kind).drafts_block and self.k is not None and k != self.k)
         try:
-            check(stand_in, k)
+            check(typed, k)
         except UserError:
             return True
         return False

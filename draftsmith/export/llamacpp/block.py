@@ -56,15 +56,6 @@ from draftsmith.export.layout import kind_of_layout, layouts, llama_fields, targ
 from draftsmith.export.llamacpp.layouts import FORMAT, LlamaCppLayout, layout_of
 
 
-def block_drafts(drafter) -> int:
-    """Tokens one block proposes: block_size - 1 (DFlash: slot 0 is the anchor), block_size (DSpark)."""
-    return drafter.block_size - (0 if getattr(drafter, "sample_from_anchor", False) else 1)
-
-
-def full_vocab(drafter) -> bool:
-    return drafter.d2t.shape[0] == drafter.t2d.shape[0]
-
-
 class LlamaCppBlockLayout(LlamaCppLayout):
     """What the block drafters share in llama.cpp: one graph (arch "dflash"), SiLU, plain rope, one whole block."""
 
@@ -90,12 +81,17 @@ class LlamaCppBlockLayout(LlamaCppLayout):
     def vocab_refusal(self, drafter) -> str | None:
         return None
 
-    def default_k(self, drafter) -> int:
-        return block_drafts(drafter)
+    def default_k(self, cfg) -> int:
+        return self.drafter_class.tokens_per_round(cfg)
 
-    def check_k(self, drafter, k: int) -> None:
-        super().check_k(drafter, k)
-        check_block_k(drafter, k)
+    def check_k(self, cfg, k: int) -> None:
+        super().check_k(cfg, k)
+        most = self.drafter_class.tokens_per_round(cfg)
+        if k != most:  # llama.cpp decodes a block of k + anchor tokens: only one whole trained block is exact
+            anchor = cfg.block_size - most
+            raise UserError(f"--num-speculative-tokens {k}: llama.cpp's draft-{self.kind} decodes a block of "
+                             f"{k + anchor} tokens for it, this {self.kind} was trained on "
+                             f"blocks of {cfg.block_size} (it drafts {most}); pass {most} (--k {most} for eval)")
 
     def write_source(self, loaded, hf_dir: Path, k: int) -> None:
         write_block_dir(loaded, hf_dir)
@@ -116,7 +112,7 @@ class LlamaCppDFlashLayout(LlamaCppBlockLayout):
     architecture: ClassVar[str] = "DFlashDraftModel"
 
     def vocab_refusal(self, d) -> str | None:
-        if full_vocab(d):
+        if d.uses_full_vocabulary():
             return None
         return (f"--to llama.cpp: this DFlash drafter has a reduced draft vocabulary ({d.d2t.shape[0]} of "
                 f"{d.t2d.shape[0]}); llama.cpp's DFlash converter (z-lab DFlashDraftModel) has no d2t; retrain with "
@@ -163,7 +159,7 @@ class LlamaCppDSparkLayout(LlamaCppBlockLayout):
     engine_drafter_options = {"confidence_threshold": 0.0}
 
     def vocab_refusal(self, d) -> str | None:
-        if not (full_vocab(d) and d.cfg.train_lm_head):
+        if not (d.uses_full_vocabulary() and d.cfg.train_lm_head):
             return None
         return ("--to llama.cpp: this DSpark drafter trained its lm_head (drafter.train_lm_head=true) over the full "
                 "vocabulary; llama.cpp's DSpark converter drops a full-vocabulary lm_head and projects with the "
@@ -181,7 +177,7 @@ class LlamaCppDSparkLayout(LlamaCppBlockLayout):
 
 def dflash2_refusal(d) -> str | None:
     """What llama.cpp's DFlash 2 loader (src/models/dflash.cpp) rejects or reads differently, or None."""
-    if not full_vocab(d):
+    if not d.uses_full_vocabulary():
         return (f"--to llama.cpp: this DFlash 2 drafter has a reduced draft vocabulary ({d.d2t.shape[0]} of "
                 f"{d.t2d.shape[0]}); llama.cpp's DFlash 2 selector indexes its successor codebook by target id "
                 "(selector_successor [rank, n_vocab]); retrain with drafter.draft_vocab_size unset")
@@ -212,7 +208,7 @@ def block_tensors(loaded) -> dict[str, torch.Tensor]:
     d = loaded.drafter
     tensors = {k: (v.float() if v.is_floating_point() else v).detach().cpu().contiguous()
                for k, v in d.state_dict_for_export().items()}
-    if full_vocab(d):
+    if d.uses_full_vocabulary():
         tensors.pop("d2t", None), tensors.pop("t2d", None)
     return tensors
 
@@ -225,17 +221,6 @@ def write_block_dir(loaded, out: Path) -> Path:
     (out / "config.json").write_text(json.dumps(block_config(loaded), indent=2) + "\n")
     save_file(block_tensors(loaded), str(out / "model.safetensors"))
     return out
-
-
-def check_block_k(drafter, k: int) -> None:
-    """llama.cpp decodes a block of k + 1 (DFlash, DFlash 2: slot 0 is the anchor) / k (DSpark, which samples from
-    the anchor) tokens: only one whole trained block is exact."""
-    most = block_drafts(drafter)
-    if k != most:
-        anchor = 0 if getattr(drafter, "sample_from_anchor", False) else 1
-        raise UserError(f"--num-speculative-tokens {k}: llama.cpp's draft-{drafter.kind} decodes a block of "
-                         f"{k + anchor} tokens for it, this {drafter.kind} was trained on "
-                         f"blocks of {drafter.block_size} (it drafts {most}); pass {most} (--k {most} for eval)")
 
 
 def gguf_block_problems(draft_gguf: Path, drafter) -> list[str]:

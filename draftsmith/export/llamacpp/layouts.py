@@ -106,12 +106,12 @@ def refusal(loaded) -> str | None:
 
 
 def default_k(drafter) -> int:
-    return layout_of(drafter.kind).default_k(drafter)
+    return layout_of(drafter.kind).default_k(drafter.cfg)
 
 
 def check_k(drafter, k: int) -> None:
     """UserError when llama.cpp would not run `k` drafts per round as draftsmith trained them."""
-    layout_of(drafter.kind).check_k(drafter, k)
+    layout_of(drafter.kind).check_k(drafter.cfg, k)
 
 
 def engine_drafter_options(kind: str) -> dict:
@@ -157,7 +157,7 @@ class LlamaCppLayout(Layout):
 
     def refusal(self, loaded) -> str | None:
         """Why llama.cpp cannot serve this trained drafter on this target (one line), or None."""
-        window = getattr(getattr(loaded.drafter, "cfg", None), "sliding_window", None)
+        window = loaded.drafter.attention_window(loaded.drafter.cfg)
         if window is not None:  # its draft graphs attend to the whole context
             return (f"--to llama.cpp: this drafter was trained with drafter.sliding_window={window}, which llama.cpp's "
                     "draft graphs do not run; export it with --to vllm, or retrain with drafter.sliding_window=null")
@@ -168,10 +168,10 @@ class LlamaCppLayout(Layout):
         """What this kind's graph cannot run of this trained drafter (one line), or None."""
         return None
 
-    def default_k(self, drafter) -> int:
-        return int(getattr(drafter.cfg, "ttt_steps", 0) or 5)
+    def default_k(self, cfg) -> int:
+        return self.drafter_class.tokens_per_round(cfg) or 5  # a draft LM has no trained number: 5
 
-    def check_k(self, drafter, k: int) -> None:
+    def check_k(self, cfg, k: int) -> None:
         if k < 1:
             raise UserError(f"--num-speculative-tokens {k}: llama.cpp drafts at least 1 token a round "
                             f"(--spec-draft-n-max); give 1 or more, or omit it for this drafter's default")
@@ -199,8 +199,8 @@ class LlamaCppLayout(Layout):
         if given is not None and not given.is_file():
             raise UserError(f"--target-gguf {flags_of(self.name, opts).target_gguf}: no such file; give the target's GGUF or omit the flag "
                             "to convert it")
-        k = self.default_k(loaded.drafter) if opts.num_speculative_tokens is None else int(opts.num_speculative_tokens)
-        self.check_k(loaded.drafter, k)
+        k = self.default_k(loaded.drafter.cfg) if opts.num_speculative_tokens is None else int(opts.num_speculative_tokens)
+        self.check_k(loaded.drafter.cfg, k)
         tools = find_llama_cpp()
         given = served_target(loaded, given)
         needs_dir = self.reads_target_features or given is None  # the converter reads the HF target directory
@@ -320,9 +320,9 @@ class LlamaCppEagle3Layout(ConvertedLayout):
         if len(aux) != 3:
             return (f"--to llama.cpp: drafter.aux_layer_ids {aux} has {len(aux)} ids; llama.cpp's draft-eagle3 reads "
                     "exactly 3 (src/models/eagle3.cpp); retrain with three aux layers")
-        cfg = loaded.drafter.cfg
+        norms = loaded.drafter.eagle31_norms(loaded.drafter.cfg)
         for option in ("fc_norm", "norm_output"):
-            if getattr(cfg, option, False):
+            if norms[option]:
                 return (f"--to llama.cpp: this EAGLE-3 drafter was trained with drafter.{option}=true, which llama.cpp's "
                         "eagle3 graph does not run; retrain with it false, or export --to vllm / sglang")
         act = getattr(loaded.drafter.layer_config, "hidden_act", "silu")

@@ -51,7 +51,6 @@ from draftsmith.export.speculators import (
     block_tensor_spec,
     dspark_head_problems,
     load_plain,
-    speculative_tokens,
 )
 
 # SGLang reads z-lab's DFlash 2 config, which draftsmith writes only for --to llama.cpp (export/llamacpp/block.py).
@@ -85,11 +84,11 @@ class SGLangBlockLayout(Layout):
     algorithm = "DFLASH"
     extra_verified = 0  # verified tokens = block_size + extra_verified (DSpark verifies the anchor too)
 
-    def check_k(self, drafter, k: int) -> None:
-        most = speculative_tokens(drafter)
+    def check_k(self, cfg, k: int) -> None:
+        most = self.drafter_class.tokens_per_round(cfg)
         if k != most:  # the serve command fixes --speculative-num-draft-tokens to one block
             raise UserError(f"--num-speculative-tokens {k}: SGLang's {self.algorithm} drafts one whole block "
-                             f"({most} tokens for block_size {drafter.block_size}, trained bidirectionally at that "
+                             f"({most} tokens for block_size {cfg.block_size}, trained bidirectionally at that "
                              f"length); pass --num-speculative-tokens {most} or retrain with another drafter.block_size")
 
     def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:
@@ -97,8 +96,8 @@ class SGLangBlockLayout(Layout):
         why = borrowed_head_problem(d, target)
         if why:
             raise UserError(f"--to sglang: {why}")
-        k = num_tokens(loaded, opts, speculative_tokens(d))
-        self.check_k(d, k)
+        k = num_tokens(loaded, opts, d.tokens_per_round(d.cfg))
+        self.check_k(d.cfg, k)
         dtype = serving_dtype(loaded, opts)
         config = {**llama_fields(d.layer_config, target.config, dtype), "model_type": "qwen3",
                   "architectures": [self.arch], "num_hidden_layers": len(d.layers), "use_sliding_window": False,

@@ -21,7 +21,7 @@ class VLLMEagle1Layout(Eagle1Common, VLLMLayout):
     def refusals(self, target_config) -> list[str]:
         return silu_refusals(target_config, "vllm")
 
-    def default_k(self, drafter) -> int:
+    def default_k(self, cfg) -> int:
         return DEFAULT_K
 
     def files(self, loaded, dtype, k, opts):

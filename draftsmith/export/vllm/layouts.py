@@ -126,21 +126,22 @@ class VLLMLayout(Layout):
     limit_option: str | None = None  # drafter.OPTION that bounds K (heads, stages, depths); None: no bound
     serve_fields: dict = {}  # more --speculative-config fields (P-EAGLE: parallel_drafting)
 
-    def default_k(self, drafter) -> int:
-        """K when --num-speculative-tokens is not given: the option that bounds it (layouts without one override)."""
+    def default_k(self, cfg) -> int:
+        """K when --num-speculative-tokens is not given (cfg: the drafter's Config): the option that bounds it
+        (layouts without one override)."""
         if self.limit_option is None:
             raise NotImplementedError
-        return getattr(drafter.cfg, self.limit_option)
+        return getattr(cfg, self.limit_option)
 
-    def check_k(self, drafter, k: int) -> None:
+    def check_k(self, cfg, k: int) -> None:
         """vLLM builds K = num_speculative_tokens heads / stages / depths: more than were trained would
         run heads that no tensor fills."""
         if self.limit_option is None:
             return
-        n = getattr(drafter.cfg, self.limit_option)
+        n = getattr(cfg, self.limit_option)
         if k > n:
             what = self.limit_option
-            raise UserError(f"--num-speculative-tokens {k} exceeds the {drafter.kind} drafter's {what} = {n}: vLLM "
+            raise UserError(f"--num-speculative-tokens {k} exceeds the {self.kind} drafter's {what} = {n}: vLLM "
                              f"would build {k} heads and leave {k - n} of them uninitialised; pass "
                              f"--num-speculative-tokens <= {n} or retrain with more (drafter.{what})")
 
@@ -150,8 +151,8 @@ class VLLMLayout(Layout):
 
     def build(self, loaded, opts: ExportOptions, out_dir: Path) -> ExportFiles:
         dtype = export_dtype(loaded, opts)
-        k = num_tokens(loaded, opts, self.default_k(loaded.drafter))
-        self.check_k(loaded.drafter, k)
+        k = num_tokens(loaded, opts, self.default_k(loaded.drafter.cfg))
+        self.check_k(loaded.drafter.cfg, k)
         config, tensors = self.files(loaded, dtype, k, opts)
         side = sidecar(loaded, self.name, self.engine, opts, {"num_speculative_tokens": k})
         return ExportFiles(config=config, tensors=tensors, sidecar=side)
@@ -172,7 +173,7 @@ class VLLMLayout(Layout):
         return f"vllm serve {shlex.quote(verifier_name(loaded, opts))} --speculative-config {shlex.quote(spec)}"
 
     def k(self, loaded, opts: ExportOptions) -> int:
-        return num_tokens(loaded, opts, self.default_k(loaded.drafter))
+        return num_tokens(loaded, opts, self.default_k(loaded.drafter.cfg))
 
 
 @layouts("vllm").register("eagle3")
@@ -181,8 +182,8 @@ class VLLMEagle3Layout(VLLMLayout):
 
     carries_vocab_map = True
 
-    def default_k(self, drafter) -> int:
-        return drafter.cfg.ttt_steps
+    def default_k(self, cfg) -> int:
+        return self.drafter_class.tokens_per_round(cfg)
 
     def files(self, loaded, dtype, k, opts):
         d, target = loaded.drafter, loaded.target
@@ -195,10 +196,10 @@ class VLLMEagle3Layout(VLLMLayout):
             "speculators_version": SPECULATORS_VERSION,
             "draft_vocab_size": int(d.d2t.shape[0]),
             # written explicitly: vLLM defaults a missing norm_before_residual to true
-            "norm_before_residual": bool(getattr(d.cfg, "norm_before_residual", False)),  # P-EAGLE has no 3.1 options
+            "norm_before_residual": d.eagle31_norms(d.cfg)["norm_before_residual"],  # P-EAGLE: all off
             "norm_before_fc": False,
-            "fc_norm": bool(getattr(d.cfg, "fc_norm", False)),
-            "norm_output": bool(getattr(d.cfg, "norm_output", False)),
+            "fc_norm": d.eagle31_norms(d.cfg)["fc_norm"],
+            "norm_output": d.eagle31_norms(d.cfg)["norm_output"],
             "target_hidden_size": target.hidden_size,
             "eagle_aux_hidden_state_layer_ids": list(d.aux_layer_ids),
             "transformer_layer_config": layer,

@@ -52,8 +52,6 @@ from draftsmith.export.speculators import (
     block_tensor_spec,
     drafter_weights,
     dspark_head_problems,
-    full_vocab,
-    speculative_tokens,
 )
 from draftsmith.export.vllm.layouts import (
     SPECULATORS_VERSION,
@@ -78,20 +76,20 @@ class VLLMBlockLayout(VLLMLayout):
 
     arch = "DFlashSpeculator"
 
-    def default_k(self, drafter) -> int:
-        return speculative_tokens(drafter)
+    def default_k(self, cfg) -> int:
+        return self.drafter_class.tokens_per_round(cfg)
 
-    def check_k(self, drafter, k: int) -> None:
-        most = speculative_tokens(drafter)
+    def check_k(self, cfg, k: int) -> None:
+        most, size = self.drafter_class.tokens_per_round(cfg), cfg.block_size
         if k < most:  # vLLM's block proposer runs K (+1 for the anchor slot) queries: a shorter block than trained
-            slots = drafter.block_size - most + k
-            raise UserError(f"--num-speculative-tokens {k} is below what one {drafter.kind} block drafts ({most}, "
-                             f"block_size {drafter.block_size}): vLLM would run a {slots}-slot block through attention "
-                             f"trained bidirectionally on {drafter.block_size} slots, which changes every draft; pass "
+            slots = size - most + k
+            raise UserError(f"--num-speculative-tokens {k} is below what one {self.kind} block drafts ({most}, "
+                             f"block_size {size}): vLLM would run a {slots}-slot block through attention "
+                             f"trained bidirectionally on {size} slots, which changes every draft; pass "
                              f"--num-speculative-tokens {most} or retrain with drafter.block_size={slots}")
         if k > most:
-            raise UserError(f"--num-speculative-tokens {k} exceeds what one {drafter.kind} block drafts ({most} = "
-                             f"block_size {drafter.block_size} - anchor); pass --num-speculative-tokens <= {most} or "
+            raise UserError(f"--num-speculative-tokens {k} exceeds what one {self.kind} block drafts ({most} = "
+                             f"block_size {size} - anchor); pass --num-speculative-tokens <= {most} or "
                              "retrain with a larger drafter.block_size")
 
     def extra_config(self, drafter) -> dict:
@@ -120,7 +118,7 @@ class VLLMBlockLayout(VLLMLayout):
         }
         config.update(self.extra_config(d))
         tensors = cast_floats(d.state_dict_for_export(), dtype)
-        if full_vocab(d):
+        if d.uses_full_vocabulary():
             tensors.pop("d2t"), tensors.pop("t2d")
         tensors["embed_tokens.weight"] = target.embed_tokens.weight.detach().to(dtype).cpu().contiguous()
         return config, tensors
@@ -151,8 +149,8 @@ class VLLMBlockLayout(VLLMLayout):
                             "trained bidirectionally; it must be true")
         problems += window_problems(config["transformer_layer_config"], d, len(d.layers))
         k = config["speculators_config"]["proposal_methods"][0].get("speculative_tokens") or 0
-        if k != speculative_tokens(d):
-            problems.append(f"config.json: speculative_tokens {k} must be {speculative_tokens(d)} (one whole block: "
+        if k != d.tokens_per_round(d.cfg):
+            problems.append(f"config.json: speculative_tokens {k} must be {d.tokens_per_round(d.cfg)} (one whole block: "
                             "vLLM runs 1 + K queries of a block trained at full length)")
         problems += embedding_problems(tensors, loaded.target.embed_tokens, "the target's")
         if "d2t" in tensors and not torch.equal(tensors["d2t"].long(), d.d2t.cpu()):
@@ -270,8 +268,8 @@ class PEagleLayout(VLLMEagle3Layout):
         return kind_of_layout(self.name, VLLMEagle3Layout)
     carries_vocab_map = False
 
-    def default_k(self, drafter) -> int:
-        return drafter.cfg.num_depths
+    def default_k(self, cfg) -> int:
+        return self.drafter_class.tokens_per_round(cfg)
 
     def files(self, loaded, dtype, k, opts):
         d = loaded.drafter
@@ -282,7 +280,7 @@ class PEagleLayout(VLLMEagle3Layout):
                   "mask_token_id": d.mask_token_id, "embed_requires_grad": bool(d.cfg.train_embedding)}
         tensors = cast_floats(d.state_dict_for_export(), dtype)
         tensors = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in tensors.items()}
-        if full_vocab(d):
+        if d.uses_full_vocabulary():
             tensors.pop("d2t"), tensors.pop("t2d")
         return config, tensors
 
