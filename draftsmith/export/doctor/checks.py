@@ -1,6 +1,6 @@
 """The checks every engine's doctor shares: the draft is this export, the target is the fingerprinted verifier,
 the dtype is the export's, the engine release serves the kind (export/engine_versions.py), the environment the
-export's command sets. Each returns Findings (doctor_contract.Finding); `fix` builds the corrected flag."""
+export's command sets. Each returns Findings (doctor/contract.Finding); `fix` builds the corrected flag."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -5,9 +5,9 @@ written for, one line per mismatch: what the engine will do, what the drafter wa
     report = diagnose_config("exported/trtllm", "extra_llm_api_options.yaml")
     print("\n".join(report.lines())); sys.exit(report.exit_code)   # 1: a mismatch that changes acceptance/output
 
-The contract is the export directory (doctor_contract.py) and the serve command `draftsmith export` printed and
-validated for it: the user's command is read by the same engine reader as the export's (doctor_vllm.py,
-doctor_sglang.py, doctor_trtllm.py, doctor_llamacpp.py), and every field that changes what the draft computes is
+The contract is the export directory (doctor/contract.py) and the serve command `draftsmith export` printed and
+validated for it: the user's command is read by the same engine reader as the export's (each engine's doctor.py,
+declared by its Exporter: vllm/, sglang/, trtllm/, llamacpp/), and every field that changes what the draft computes is
 compared. Flags no reader knows are listed as "not checked", never passed over.
 """
 from __future__ import annotations

@@ -87,7 +87,7 @@ class LlamaCppExport:
 class Plan:
     """What one export converts and serves, settled before any file is written."""
 
-    tools: object  # llamacpp_tools.LlamaCppTools
+    tools: object  # llamacpp/tools.LlamaCppTools
     k: int
     given_target: Path | None  # the target GGUF served as it is (--target-gguf, a GGUF target), else None
     target_dir: Path  # the HF target directory the converter reads
@@ -423,7 +423,7 @@ def target_file_name(target_dir: Path) -> str:
 def serve_command(tools, target: Path, draft: Path, spec_type: str, k: int) -> str:
     # draft-dspark: p-min 0 sends the whole block (llama.cpp's per-slot confidence cut is not draftsmith's rule)
     p_min = " --spec-draft-p-min 0" if spec_type == "draft-dspark" else ""
-    # --no-repack: as in llamacpp_tools.LlamaServer (the build's weight repacking segfaults on Q4_K files here)
+    # --no-repack: as in llamacpp/tools.LlamaServer (the build's weight repacking segfaults on Q4_K files here)
     return (f"{shlex.quote(str(tools.server))} -m {shlex.quote(str(target))} -md {shlex.quote(str(draft))} "
             f"--spec-type {spec_type} --spec-draft-n-max {k}{p_min} --no-repack --host 127.0.0.1 --port 8080")
 

@@ -107,7 +107,7 @@ class VLLMFlags:
 
 @EXPORTERS.register("vllm")
 class VLLMExporter(Exporter):
-    """vLLM: one layout per kind (eagle3, medusa, mlp_speculator here; block and peagle in vllm_parallel.py)."""
+    """vLLM: one layout per kind (eagle3, medusa, mlp_speculator here; the block drafters and P-EAGLE in parallel.py)."""
 
     name = "vllm"
     engine = "vLLM"
