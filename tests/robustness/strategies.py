@@ -343,3 +343,42 @@ def special_file(relpath: str, kind: str, names: list[str] | None = None) -> Dam
     """`relpath` replaced by a device node (a copy of /dev/null's), FIFO, socket, or a link to /dev/zero or a FIFO."""
     return Damage(f"{relpath} is a {kind}", lambda root: _make_special(root / relpath, kind),
                   names or [Path(relpath).name])
+
+
+# --------------------------------------------------------------------------- feature cache (issue 44, item 2)
+
+MANIFEST_PATHS = [("format_version",), ("target_fingerprint",), ("layers",), ("layers", 0), ("dtype",),
+                  ("features",), ("features", 0), ("rows",), ("shard_rows",), ("hidden_size",), ("tokens",),
+                  ("loss_tokens",), ("complete",), ("shards",), ("shards", 0), ("shards", 0, "file"),
+                  ("shards", 0, "start"), ("shards", 0, "end"), ("shards", 0, "tokens"), ("shards", 0, "size"),
+                  ("shards", 0, "sha256"), ("shards", 1, "file"), ("shards", 1, "start")]
+SHARD_DAMAGES = ["other_shard", "escape_relative", "escape_absolute", "range"]
+
+
+def _shard_damage(cache: str, op: str) -> Damage:
+    first, second = f"{cache}/shard_00000.safetensors", f"{cache}/shard_00001.safetensors"
+
+    def apply(root: Path) -> None:
+        manifest = root / cache / "manifest.json"
+        data = json.loads(manifest.read_text())
+        if op == "other_shard":
+            (root / second).write_bytes((root / first).read_bytes())
+        elif op == "range":
+            data["shards"][0].update(start=-5, end=10**9)
+        else:
+            data["shards"][0]["file"] = "../../x.safetensors" if op == "escape_relative" else str(root / first)
+        manifest.write_text(json.dumps(data))
+
+    return Damage(f"{cache}: {op}", apply, ["manifest.json", "shard_00000.safetensors", "shard_00001.safetensors"])
+
+
+def feature_cache_damage(cache: str) -> st.SearchStrategy[Damage]:
+    """One damage to a feature cache at `cache`: a manifest value, the whole manifest, its bytes, a special
+    file in its place; a shard's bytes, a special shard, another shard's bytes, a shard outside the cache."""
+    manifest = f"{cache}/manifest.json"
+    shard = st.sampled_from([f"{cache}/shard_00000.safetensors", f"{cache}/shard_00001.safetensors"])
+    return st.one_of(json_damage(manifest, MANIFEST_PATHS), whole_json_damage(manifest), byte_damage(manifest),
+                     st.sampled_from(SPECIAL_KINDS).map(lambda k: special_file(manifest, k)),
+                     shard.flatmap(byte_damage),
+                     st.tuples(shard, st.sampled_from(SPECIAL_KINDS)).map(lambda a: special_file(a[0], a[1])),
+                     st.sampled_from(SHARD_DAMAGES).map(lambda op: _shard_damage(cache, op)))
