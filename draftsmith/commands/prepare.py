@@ -41,6 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key-env", default=None, metavar="NAME",
                         help="regenerate.generator=openai: the environment variable holding the server's API key "
                              "(default: DRAFTSMITH_API_KEY when set, else no key)")
+    parser.add_argument("--format", choices=["draftsmith", "vllm"], default="draftsmith",
+                        help="--features: draftsmith's cache in features.cache_dir (default), or vLLM's per-request "
+                             "hidden-states files in features.dir (what vLLM's extract_hidden_states writes and "
+                             "speculators reads; docs/training-at-scale.md)")
     parser.add_argument("--nproc", type=int, default=None, metavar="N",
                         help="--features: N builder processes share the cache (each loads the target; on a GPU "
                              "machine rank r uses cuda:r)")
@@ -112,14 +116,17 @@ def check_target_sharding(cfg) -> None:
                         "(features.source: vllm, docs/training-at-scale.md)")
 
 
-def run_features(cfg, target=None, layers=None, required=None, log=print) -> dict:
+def run_features(cfg, target=None, layers=None, required=None, log=print, fmt: str = "draftsmith") -> dict:
     """Build the feature cache for all rows training reads (train then heldout, in order); under several
-    builders (ranks()), this process's share of it."""
+    builders (ranks()), this process's share of it. fmt vllm: vLLM's hidden-states files in features.dir."""
     from draftsmith.data import dataset as ds
     from draftsmith.data import feature_cache
     from draftsmith.targets import load as target_mod
 
-    if not cfg.features.cache_dir:
+    if fmt == "vllm" and not cfg.features.dir:
+        raise UserError("--format vllm writes vLLM's hidden-states files into features.dir: set it in the recipe or "
+                        "pass features.dir=DIR")
+    if fmt != "vllm" and not cfg.features.cache_dir:
         raise UserError("--features needs features.cache_dir: set it in the recipe or pass features.cache_dir=DIR")
     check_target_sharding(cfg)
     rank, world, local = ranks()
@@ -137,6 +144,12 @@ def run_features(cfg, target=None, layers=None, required=None, log=print) -> dic
     if layers is None or required is None:
         layers, required = drafter_layers_and_features(cfg, target, ds.token_counts(train, target.vocab_size))
     f = cfg.features
+    if fmt == "vllm":
+        from draftsmith.data import vllm_hidden_states
+
+        written = vllm_hidden_states.write_folder(target, full, f.dir, layers, required, f.dtype, log=log, rank=rank,
+                                                  world=world)
+        return {"rows": len(full), "written": written}
     manifest = feature_cache.build(target, full, f.cache_dir, layers, f.dtype, f.shard_rows, required,
                                    batch_size=f.build_batch_size, log=log, rank=rank, world=world)
     if world > 1 and not manifest["complete"]:
@@ -152,7 +165,8 @@ def spawn_builders(args, nproc: int) -> int:
     import os
     import subprocess
 
-    argv = [sys.executable, "-m", "draftsmith", "prepare", args.recipe, *args.overrides, "--features"]
+    argv = [sys.executable, "-m", "draftsmith", "prepare", args.recipe, *args.overrides, "--features", "--format",
+            args.format]
     procs = []
     for rank in range(nproc):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank),
@@ -273,5 +287,5 @@ def main(args) -> int:
         del target
         return spawn_builders(args, args.nproc)
     if args.features:
-        run_features(cfg, target)
+        run_features(cfg, target, fmt=args.format)
     return 0
