@@ -73,7 +73,7 @@ def read_received_bytes(path: str | Path, what: str, limit: int = MAX_JSON_BYTES
             raise UserError(f"{path}: {st.st_size:,} bytes, more than the {limit:,} a {what} may hold; the file "
                             "is damaged or not draftsmith's")
         with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(limit + 1)
+            data = f.read(min(limit, st.st_size) + 1)  # not limit + 1: a large bound would allocate it up front
     finally:
         os.close(fd)
     if len(data) > limit:  # it grew while being read

@@ -124,8 +124,9 @@ def _key(ids) -> str:
     return hashlib.sha256(torch.as_tensor(ids, dtype=torch.int64).numpy().tobytes()).hexdigest()
 
 
-def scan(folder: Path) -> dict[str, tuple[Path, int]]:
-    """{token-ids hash: (file, length)} of every hidden-states file in folder (not recursive)."""
+def scan(folder: Path, shape: list[int]) -> dict[str, tuple[Path, int]]:
+    """{token-ids hash: (file, length)} of every hidden-states file in folder (not recursive); each must hold
+    `shape` = [layers, hidden size] per token."""
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"features.dir {folder}: not a directory; point it at the folder vLLM wrote "
@@ -136,6 +137,11 @@ def scan(folder: Path) -> dict[str, tuple[Path, int]]:
         raise UserError(f"features.dir {folder}: {len(names):,} files, more than the {MAX_FILES:,} draftsmith reads")
     for name in names:
         data = read_file(folder / name)
+        got = list(data[HIDDEN].shape[1:])
+        if got != shape:
+            raise UserError(f"{folder / name}: holds {got[0]} layers of hidden size {got[1]}; the recipe needs "
+                            f"{shape[0]} layers of hidden size {shape[1]}; capture again with the layer ids and "
+                            "target of docs/training-at-scale.md")
         out.setdefault(_key(data[TOKENS]), (folder / name, len(data[TOKENS])))
     return out
 
@@ -225,16 +231,16 @@ def open_rows(folder: str, target, aux_layers: list[int], required, datasets: li
     features = cache_features(required)
     ids = layer_ids(aux_layers, target.num_layers, features)
     _check_sidecar(folder_path, target, ids)
-    files = scan(folder_path)
+    try:
+        files = scan(folder_path, [len(ids), target.hidden_size])
+    except UserError as exc:
+        if "the recipe needs" not in str(exc):
+            raise
+        raise UserError(f"{exc} (eagle_aux_hidden_state_layer_ids {ids}, target {target.name} of hidden size "
+                        f"{target.hidden_size})") from None
     if not files:
         raise UserError(f"features.dir {folder}: no *.safetensors or *.safetensors.zst files; point it at the folder "
                         "vLLM wrote (kv_connector_extra_config.shared_storage_path)")
-    first = next(iter(files.values()))[0]
-    shape = list(read_file(first)[HIDDEN].shape[1:])
-    if shape != [len(ids), target.hidden_size]:
-        raise UserError(f"{first}: holds {shape[0]} layers of hidden size {shape[1]}; the recipe needs {len(ids)} "
-                        f"layers (eagle_aux_hidden_state_layer_ids {ids}) of hidden size {target.hidden_size} "
-                        f"(target {target.name}); capture again with those layer ids from this target")
     norm = None
     if "last_hidden_state" in features:
         norm = copy.deepcopy(final_norm(target)).float().cpu()

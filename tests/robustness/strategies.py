@@ -382,3 +382,52 @@ def feature_cache_damage(cache: str) -> st.SearchStrategy[Damage]:
                      shard.flatmap(byte_damage),
                      st.tuples(shard, st.sampled_from(SPECIAL_KINDS)).map(lambda a: special_file(a[0], a[1])),
                      st.sampled_from(SHARD_DAMAGES).map(lambda op: _shard_damage(cache, op)))
+
+
+# --------------------------------------------------------------------------- vLLM hidden-states files (issue 43)
+
+VLLM_DAMAGES = ["fewer_layers", "narrower", "layer_order", "other_tokens", "zstd_bomb", "zstd_unsized", "zstd_garbage",
+                "sidecar_fingerprint", "sidecar_layers"]
+
+
+def _vllm_damage(folder: str, op: str, row: int) -> Damage:
+    name = f"hs_{row}.safetensors"
+
+    def apply(root: Path) -> None:
+        import torch
+        from safetensors.torch import load_file, save_file
+
+        path = root / folder / name
+        if op.startswith("zstd"):
+            import zstandard
+
+            raw = b"\0" * (8 << 20) if op == "zstd_bomb" else path.read_bytes()
+            comp = zstandard.ZstdCompressor(write_content_size=op != "zstd_unsized").compress(raw)
+            path.unlink()
+            (root / folder / (name + ".zst")).write_bytes(b"junk" + comp if op == "zstd_garbage" else comp)
+        elif op.startswith("sidecar"):
+            side_path = root / folder / "draftsmith_vllm.json"
+            side = json.loads(side_path.read_text())
+            side.update(target_fingerprint="0" * 16) if op == "sidecar_fingerprint" else side.update(layer_ids=[0, 1])
+            side_path.write_text(json.dumps(side))
+        else:
+            data = load_file(str(path))
+            h = data["hidden_states"]
+            data["hidden_states"] = {"fewer_layers": h[:, :2], "narrower": h[:, :, :16], "layer_order": h.flip(1),
+                                     "other_tokens": h}[op].contiguous()
+            if op == "other_tokens":
+                data["token_ids"] = torch.flip(data["token_ids"], [0]).contiguous()
+            save_file(data, str(path))
+
+    return Damage(f"{folder}/{name}: {op}", apply, [name, name + ".zst", "draftsmith_vllm.json", "features.dir"])
+
+
+def vllm_folder_damage(folder: str, rows: int) -> st.SearchStrategy[Damage]:
+    """One damage to a folder of vLLM hidden-states files: its bytes, a special file in its place, fewer layers,
+    a narrower hidden size, another layer order, other tokens, a zstd bomb, an unsized or garbled zstd frame, a
+    sidecar naming another target or other layers."""
+    row = st.integers(0, rows - 1)
+    return st.one_of(row.flatmap(lambda r: byte_damage(f"{folder}/hs_{r}.safetensors")),
+                     st.tuples(row, st.sampled_from(SPECIAL_KINDS)).map(
+                         lambda a: special_file(f"{folder}/hs_{a[0]}.safetensors", a[1])),
+                     st.tuples(st.sampled_from(VLLM_DAMAGES), row).map(lambda a: _vllm_damage(folder, a[0], a[1])))

@@ -32,6 +32,7 @@ RECIPE = {
 }
 CHECKPOINT = "runs/base/final"
 CACHE = "cache"  # the offline feature cache of RECIPE (3 shards of 8 rows)
+VLLM_DIR = "vllm"  # the same rows as vLLM hidden-states files (prepare --format vllm)
 RESULT = "results/base.json"
 PROMPTS = "data/prompts.jsonl"
 # eval flags that keep one case well under a second on a CPU core
@@ -75,6 +76,8 @@ def build(root: Path) -> Path:
     _run_or_fail(root, ["train", "recipe.yaml"], ["runs/base"])
     _run_or_fail(root, ["prepare", "recipe.yaml", f"features.cache_dir={CACHE}", "features.shard_rows=8", "--features"],
                  [CACHE])
+    _run_or_fail(root, ["prepare", "recipe.yaml", f"features.dir={VLLM_DIR}", "--features", "--format", "vllm"],
+                 [VLLM_DIR])
     (root / "results").mkdir()
     _run_or_fail(root, ["eval", CHECKPOINT, *EVAL_FAST, "--out", RESULT], [RESULT])
     shutil.rmtree(root / "tmp", ignore_errors=True)
