@@ -87,8 +87,10 @@ def _decompress(path: Path, data: bytes) -> bytes:
     return raw
 
 
-def read_file(path: Path) -> dict[str, torch.Tensor]:
-    """{"hidden_states": [s, L, h], "token_ids": [s] int64} of one file, checked (one line naming it if not)."""
+def read_file(path: Path, tokens_only: bool = False) -> dict[str, torch.Tensor]:
+    """{"hidden_states": [s, L, h], "token_ids": [s] int64} of one file, checked (one line naming it if not).
+    tokens_only: of an uncompressed file, read "token_ids" alone ("hidden_states" is then only its shape)."""
+    from safetensors import safe_open
     from safetensors.torch import load, load_file
 
     path = Path(path)
@@ -116,6 +118,9 @@ def read_file(path: Path) -> dict[str, torch.Tensor]:
                    "hidden size] in bf16, fp16 or fp32")
     if problem:
         raise UserError(f"{path}: {problem}; not a vLLM hidden-states file")
+    if tokens_only and raw is None:
+        with safe_open(str(path), framework="pt") as f:
+            return {HIDDEN: torch.empty(hidden["shape"], device="meta"), TOKENS: f.get_tensor(TOKENS).long()}
     out = load(raw) if raw is not None else load_file(str(path))
     return {HIDDEN: out[HIDDEN], TOKENS: out[TOKENS].long()}
 
@@ -136,7 +141,7 @@ def scan(folder: Path, shape: list[int]) -> dict[str, tuple[Path, int]]:
     if len(names) > MAX_FILES:
         raise UserError(f"features.dir {folder}: {len(names):,} files, more than the {MAX_FILES:,} draftsmith reads")
     for name in names:
-        data = read_file(folder / name)
+        data = read_file(folder / name, tokens_only=True)
         got = list(data[HIDDEN].shape[1:])
         if got != shape:
             raise UserError(f"{folder / name}: holds {got[0]} layers of hidden size {got[1]}; the recipe needs "
