@@ -185,6 +185,14 @@ def spawn_builders(args, nproc: int) -> int:
         print(f"draftsmith prepare: builder(s) {', '.join(f'rank {r} exit {c}' for r, c in bad)}; finished shards "
               "are kept: rerun the same command (any --nproc) to build the rest", file=sys.stderr)
         return 2 if all(c == 2 for _, c in bad) else 1
+    if args.format == "draftsmith":
+        from draftsmith.data import feature_manifest
+
+        cfg = config_mod.load(args.recipe, args.overrides)
+        manifest = feature_manifest.read_manifest(cfg.features.cache_dir)
+        if manifest is not None:
+            print(f"feature cache {cfg.features.cache_dir}: {nproc} builders done; {len(manifest['shards'])} shard(s), "
+                  f"{manifest['rows']} rows, {manifest['tokens']} tokens, complete: {manifest['complete']}")
     return 0
 
 
