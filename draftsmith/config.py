@@ -91,6 +91,12 @@ class FeaturesConfig:
     # Run the target in this dtype while building the cache (null: target.dtype). bfloat16 halves the
     # build on a CPU with avx512_bf16 or AMX; the cache keeps the fingerprint of the target as loaded.
     build_dtype: Optional[Literal["bfloat16", "float16", "float32"]] = None
+    # Where offline features come from: draftsmith's own cache (cache_dir), or a folder of per-request
+    # hidden-states files written by vLLM's extract_hidden_states connectors (or by
+    # `draftsmith prepare --features --format vllm`), read from features.dir (docs/training-at-scale.md).
+    source: Literal["draftsmith", "vllm"] = "draftsmith"
+    # features.source vllm: the folder of vLLM hidden-states files (*.safetensors, *.safetensors.zst).
+    dir: Optional[str] = None
 
 
 @dataclass
@@ -422,8 +428,11 @@ def _semantic_checks(cfg: RecipeConfig) -> list[str]:
         problems.append("train.max_steps: must be >= 1 (or null to train for train.epochs)")
     if t.target_sharding == "fsdp2" and t.backend == "single":
         problems.append("train.target_sharding: fsdp2 needs train.backend ddp, fsdp2 or deepspeed (launched with --nproc)")
-    if cfg.features.mode == "offline" and not cfg.features.cache_dir:
+    if cfg.features.mode == "offline" and cfg.features.source == "draftsmith" and not cfg.features.cache_dir:
         problems.append("features.cache_dir: required when features.mode is offline")
+    if cfg.features.source == "vllm" and (cfg.features.mode != "offline" or not cfg.features.dir):
+        problems.append("features.source: vllm reads a folder of vLLM hidden-states files: set features.mode: offline "
+                        "and features.dir: DIR")
     if cfg.data.max_length < 8:
         problems.append("data.max_length: must be >= 8 tokens")
     if cfg.data.pack_length is not None and cfg.data.pack_length < cfg.data.max_length:

@@ -13,7 +13,10 @@ root="${DRAFTSMITH_VLLM_CONFIG_CODE:-$HOME/.cache/draftsmith/vllm-config-code}"
 [ "$#" -gt 0 ] || set -- 0.33.0
 for version in "$@"; do
   dest="$root/$version"
-  if [ -f "$dest/vllm/transformers_utils/configs/speculators/base.py" ]; then echo "$dest"; continue; fi
+  if [ -f "$dest/vllm/transformers_utils/configs/speculators/base.py" ] \
+     && [ -f "$dest/vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py" ]; then
+    echo "$dest"; continue
+  fi
   tmp="$(mktemp -d)"
   trap 'rm -rf "$tmp"' EXIT
   python -m pip download --quiet --no-deps --dest "$tmp" "vllm==$version"
@@ -26,8 +29,12 @@ wheel, out = sys.argv[1], sys.argv[2]
 keep = ("vllm/logging_utils/", "vllm/utils/", "vllm/transformers_utils/", "vllm/platforms/", "vllm/plugins/",
         "vllm/third_party/", "vllm/v1/attention/")
 with zipfile.ZipFile(wheel) as z:
+    # the hidden-states writer and its layer stacking: tests/data/test_vllm_hidden_states.py reads the format from them
+    hidden = ("vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py",
+              "vllm/v1/spec_decode/extract_hidden_states.py")
     names = [n for n in z.namelist() if n.endswith(".py") and (n.count("/") == 1 or n.startswith(keep)
-             or n == "vllm/config/speculative.py" or (n.startswith("vllm/v1/") and n.count("/") == 2))]
+             or n == "vllm/config/speculative.py" or (n.startswith("vllm/v1/") and n.count("/") == 2)
+             or n in hidden)]
     z.extractall(out, names)
 print(f"kept {len(names)} files of {wheel}", file=sys.stderr)
 EOF

@@ -7,11 +7,21 @@ feature cache.
     draftsmith prepare recipe.yaml regenerate.generator=openai regenerate.endpoint=https://HOST/v1 \
         --api-key-env MY_KEY                                               # the server's key from $MY_KEY
     draftsmith prepare recipe.yaml --dry-run                               # predict the feature cache size
+    draftsmith prepare recipe.yaml --features --nproc 4                    # 4 builders share the cache
+    torchrun --nproc_per_node 8 -m draftsmith prepare recipe.yaml --features   # the same under torchrun
 
 Regeneration runs when regenerate.output is set; it reads data.path and writes regenerate.output
 (resumable; rerun the same command after an interruption). --features then builds the cache for
 the recipe's drafter from the data training reads (regenerate.output when set, else data.path).
 Exit status 1 when regeneration answered no row at all (every row failed or was skipped).
+
+Several builders (--nproc N, or torchrun's RANK / WORLD_SIZE / LOCAL_RANK): each loads the whole target
+on its own device (cuda:LOCAL_RANK when the recipe's target.device is auto or cuda; on a CPU each takes
+its share of the cores) and builds the shards whose lock it takes, its own first (shard % N == rank),
+then any left (data/feature_manifest.py). No process group is used: the cache's locks are the only
+coordination, so a rerun with any other rank count resumes, and a killed rank loses only the shard it
+was writing. Regeneration runs once, before the builders start (--nproc), or not at all under
+torchrun (run `draftsmith prepare recipe.yaml` first).
 """
 from __future__ import annotations
 
@@ -31,6 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key-env", default=None, metavar="NAME",
                         help="regenerate.generator=openai: the environment variable holding the server's API key "
                              "(default: DRAFTSMITH_API_KEY when set, else no key)")
+    parser.add_argument("--format", choices=["draftsmith", "vllm"], default="draftsmith",
+                        help="--features: draftsmith's cache in features.cache_dir (default), or vLLM's per-request "
+                             "hidden-states files in features.dir (what vLLM's extract_hidden_states writes and "
+                             "speculators reads; docs/training-at-scale.md)")
+    parser.add_argument("--nproc", type=int, default=None, metavar="N",
+                        help="--features: N builder processes share the cache (each loads the target; on a GPU "
+                             "machine rank r uses cuda:r)")
     parser.add_argument("--dry-run", action="store_true",
                         help="tokenize the data and predict the feature cache size per storage dtype; build nothing")
 
@@ -61,31 +78,122 @@ def drafter_layers_and_features(cfg, target, counts) -> tuple[list[int], set[str
     return list(layers), set(cls.required_features)
 
 
-def run_features(cfg, target=None, layers=None, required=None, log=print) -> dict:
-    """Build the feature cache for all rows training reads (train then heldout, in order)."""
+def ranks() -> tuple[int, int, int]:
+    """(rank, world, local_rank) from torchrun's or --nproc's environment; (0, 1, 0) alone."""
+    import os
+
+    try:
+        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+        local = int(os.environ.get("LOCAL_RANK", str(rank)))
+    except ValueError:
+        raise UserError("RANK / WORLD_SIZE / LOCAL_RANK must be integers (as torchrun sets them)") from None
+    if not (world >= 1 and 0 <= rank < world and local >= 0):
+        raise UserError(f"RANK {rank} / WORLD_SIZE {world}: need 0 <= RANK < WORLD_SIZE (as torchrun sets them)")
+    return rank, world, local
+
+
+def _place_rank(cfg, world: int, local: int) -> None:
+    """Rank `local`'s device and threads: cuda:LOCAL_RANK for an auto / cuda target on a GPU machine; on a
+    CPU, an equal share of the cores (unless OMP_NUM_THREADS says otherwise)."""
+    import os
+
+    import torch
+
+    if world == 1:
+        return
+    if cfg.target.device in ("auto", "cuda") and torch.cuda.is_available():
+        cfg.target.device = f"cuda:{local % torch.cuda.device_count()}"
+    elif "OMP_NUM_THREADS" not in os.environ:
+        per = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // per))
+
+
+def check_target_sharding(cfg) -> None:
+    if cfg.train.target_sharding == "fsdp2":
+        raise UserError("train.target_sharding: fsdp2: prepare --features loads the whole target on each builder "
+                        "and does not shard it; build the cache on devices that hold the target "
+                        "(pass train.target_sharding=replicate), or capture hidden states with vLLM "
+                        "(features.source: vllm, docs/training-at-scale.md)")
+
+
+def run_features(cfg, target=None, layers=None, required=None, log=print, fmt: str = "draftsmith") -> dict:
+    """Build the feature cache for all rows training reads (train then heldout, in order); under several
+    builders (ranks()), this process's share of it. fmt vllm: vLLM's hidden-states files in features.dir."""
     from draftsmith.data import dataset as ds
     from draftsmith.data import feature_cache
     from draftsmith.targets import load as target_mod
 
-    if not cfg.features.cache_dir:
+    if fmt == "vllm" and not cfg.features.dir:
+        raise UserError("--format vllm writes vLLM's hidden-states files into features.dir: set it in the recipe or "
+                        "pass features.dir=DIR")
+    if fmt != "vllm" and not cfg.features.cache_dir:
         raise UserError("--features needs features.cache_dir: set it in the recipe or pass features.cache_dir=DIR")
+    check_target_sharding(cfg)
+    rank, world, local = ranks()
+    _place_rank(cfg, world, local)
     target = target or target_mod.from_config(cfg.target)
     if cfg.features.build_dtype:
         from draftsmith.checkpoint import run_in_dtype
 
         run_in_dtype(target, cfg.features.build_dtype)  # fingerprinted as loaded, then cast
     train, heldout, report = ds.build_dataset(ds.training_data_config(cfg), target.tokenizer)
-    log(report.summary())
+    if rank == 0:
+        log(report.summary())
     full = ds.TokenDataset(train.input_ids + heldout.input_ids, train.loss_mask + heldout.loss_mask,
                            train.ids + heldout.ids)
     if layers is None or required is None:
         layers, required = drafter_layers_and_features(cfg, target, ds.token_counts(train, target.vocab_size))
     f = cfg.features
+    if fmt == "vllm":
+        from draftsmith.data import vllm_hidden_states
+
+        written = vllm_hidden_states.write_folder(target, full, f.dir, layers, required, f.dtype, log=log, rank=rank,
+                                                  world=world)
+        return {"rows": len(full), "written": written}
     manifest = feature_cache.build(target, full, f.cache_dir, layers, f.dtype, f.shard_rows, required,
-                                   batch_size=f.build_batch_size, log=log)
+                                   batch_size=f.build_batch_size, log=log, rank=rank, world=world)
+    if world > 1 and not manifest["complete"]:
+        log(f"feature cache {f.cache_dir}: rank {rank} of {world} done; other ranks are finishing their shards")
+        return manifest
     log(f"feature cache {f.cache_dir}: {manifest['rows']} rows, {manifest['tokens']} tokens, layers {layers}, "
         f"{manifest['features']} in {manifest['dtype']}; the last {len(heldout)} rows are the heldout set")
     return manifest
+
+
+def spawn_builders(args, nproc: int) -> int:
+    """--nproc N: N `draftsmith prepare --features` processes with torchrun's environment; the worst exit."""
+    import os
+    import subprocess
+
+    argv = [sys.executable, "-m", "draftsmith", "prepare", args.recipe, *args.overrides, "--features", "--format",
+            args.format]
+    procs = []
+    for rank in range(nproc):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": str(nproc)}
+        procs.append(subprocess.Popen(argv, env=env))
+    try:
+        codes = [p.wait() for p in procs]
+    except BaseException:  # Ctrl-C or SIGTERM of the parent: stop the builders (their finished shards stay)
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait()
+        raise
+    bad = [(r, c) for r, c in enumerate(codes) if c != 0]
+    if bad:
+        print(f"draftsmith prepare: builder(s) {', '.join(f'rank {r} exit {c}' for r, c in bad)}; finished shards "
+              "are kept: rerun the same command (any --nproc) to build the rest", file=sys.stderr)
+        return 2 if all(c == 2 for _, c in bad) else 1
+    if args.format == "draftsmith":
+        from draftsmith.data import feature_manifest
+
+        cfg = config_mod.load(args.recipe, args.overrides)
+        manifest = feature_manifest.read_manifest(cfg.features.cache_dir)
+        if manifest is not None:
+            print(f"feature cache {cfg.features.cache_dir}: {nproc} builders done; {len(manifest['shards'])} shard(s), "
+                  f"{manifest['rows']} rows, {manifest['tokens']} tokens, complete: {manifest['complete']}")
+    return 0
 
 
 class _TargetShape:
@@ -147,12 +255,28 @@ def main(args) -> int:
         print("draftsmith prepare: nothing to do; set regenerate.output=FILE to regenerate answers "
               "and/or pass --features to build the feature cache", file=sys.stderr)
         return 2
+    if args.nproc is not None and not 1 <= args.nproc <= 1024:
+        raise UserError(f"--nproc {args.nproc}: give a number of builder processes from 1 to 1024")
+    if args.nproc is not None and not args.features:
+        raise UserError("--nproc N builds the feature cache with N processes: add --features")
+    rank, world, _ = ranks()
+    if args.features:
+        check_target_sharding(cfg)
     target = None
-    if cfg.regenerate.output:
+    if cfg.regenerate.output and world > 1:  # under torchrun: every rank would regenerate the same rows
+        import os
+
+        if not os.path.exists(cfg.regenerate.output):
+            raise UserError(f"regenerate.output {cfg.regenerate.output} does not exist yet: regenerate in one process "
+                            "first (`draftsmith prepare recipe.yaml`), then build the cache with several ranks")
+        if rank == 0:
+            print(f"draftsmith prepare: {world} ranks build the feature cache from {cfg.regenerate.output} as it is "
+                  "(regeneration runs only in one process)", file=sys.stderr)
+    elif cfg.regenerate.output:
         from draftsmith.data.regenerate import check_outputs
 
         check_outputs(cfg.regenerate.output)  # a FIFO or device node: refused before the target loads
-        if cfg.regenerate.generator == "local" or args.features:
+        if cfg.regenerate.generator == "local" or (args.features and not args.nproc):
             from draftsmith.targets import load as target_mod
 
             target = target_mod.from_config(cfg.target)
@@ -165,6 +289,11 @@ def main(args) -> int:
         if summary.error:
             print(f"draftsmith prepare: {summary.error} row(s) failed; rerun the same command to retry them",
                   file=sys.stderr)
+    if args.features and args.nproc and args.nproc > 1:
+        if world > 1:
+            raise UserError("--nproc under torchrun: torchrun already starts the ranks; drop --nproc")
+        del target
+        return spawn_builders(args, args.nproc)
     if args.features:
-        run_features(cfg, target)
+        run_features(cfg, target, fmt=args.format)
     return 0

@@ -73,7 +73,7 @@ def read_received_bytes(path: str | Path, what: str, limit: int = MAX_JSON_BYTES
             raise UserError(f"{path}: {st.st_size:,} bytes, more than the {limit:,} a {what} may hold; the file "
                             "is damaged or not draftsmith's")
         with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(limit + 1)
+            data = f.read(min(limit, st.st_size) + 1)  # not limit + 1: a large bound would allocate it up front
     finally:
         os.close(fd)
     if len(data) > limit:  # it grew while being read
@@ -132,18 +132,19 @@ def _bad(path: Path, why: str) -> UserError:
                      "(or ask its sender for an intact copy)")
 
 
-def check_safetensors(path: str | Path) -> dict:
-    """The header of a safetensors file, checked against the bytes on disk; raises UserError."""
+def check_safetensors(path: str | Path, data: bytes | None = None) -> dict:
+    """The header of a safetensors file, checked against the bytes on disk (or against `data`, the file's
+    bytes already in memory, e.g. decompressed; `path` then only names it); raises UserError."""
     path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
+    size = path.stat().st_size if data is None else len(data)
+    with open(path, "rb") if data is None else contextlib.nullcontext() as f:
+        head = f.read(8) if data is None else data[:8]
         if len(head) < 8:
             raise _bad(path, f"only {size} bytes (a safetensors file starts with an 8-byte header length)")
         n = int.from_bytes(head, "little")
         if n > min(MAX_HEADER_BYTES, size - 8):
             raise _bad(path, f"its header claims {n:,} bytes but the file holds {size:,}")
-        raw = f.read(n)
+        raw = f.read(n) if data is None else data[8:8 + n]
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):

@@ -17,8 +17,8 @@ read. `predict_bytes` gives a cache's size before it is built (`draftsmith prepa
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Iterable, Optional
@@ -29,10 +29,11 @@ from safetensors.torch import save_file
 
 from draftsmith.core.errors import UserError
 from draftsmith.core.files import disk_full_guard
+from draftsmith.data import feature_manifest as fm
 from draftsmith.data import features as feats_mod
 from draftsmith.data.dataset import collate
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = fm.FORMAT_VERSION
 CACHEABLE = ("aux_hidden_states", "last_hidden_state")
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
           "float32": torch.float32, "fp32": torch.float32, "int8": torch.int8, "fp8": torch.float8_e4m3fn,
@@ -88,22 +89,19 @@ def data_fingerprint(dataset) -> str:
     return h.hexdigest()[:16]
 
 
-def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    os.replace(tmp, path)
-
-
-def _write_shard(root: Path, name: str, tensors: dict, metadata: dict) -> None:
-    """One shard, written aside and renamed into place; a full disk is one line naming the cache (the
-    shards already written stay, and a rerun of `prepare --features` resumes after them)."""
-    tmp = root / (name + ".tmp")
+def _write_shard(root: Path, name: str, tensors: dict, metadata: dict) -> tuple[int, str]:
+    """One shard, written aside and renamed into place; -> (bytes, sha256) of what was written. A full disk
+    is one line naming the cache (the shards already written stay, and a rerun resumes after them)."""
+    tmp = root / f"{name}.tmp"  # one writer: the holder of the shard lock
     try:
         with disk_full_guard(root, f"feature cache shard {name} (features.cache_dir)"):
             save_file(tensors, str(tmp), metadata=metadata)
+        size = tmp.stat().st_size
+        digest = fm.file_digest(tmp, size)
         os.replace(tmp, root / name)
     finally:
         tmp.unlink(missing_ok=True)
+    return digest
 
 
 def _expected(target, dataset, layers, dtype, shard_rows, features) -> dict:
@@ -142,9 +140,52 @@ def _shard_tensors(target, dataset, start: int, end: int, layers, dtype, feature
     return out
 
 
+def shard_order(num_shards: int, rank: int, world: int) -> list[int]:
+    """The order in which one builder tries the shards: its own (index % world == rank) first, then the
+    others' (a shard whose builder died or is slow is taken over). Which builder writes a shard is decided
+    by its lock, not by this order, so any rank count resumes any cache."""
+    mine = [i for i in range(num_shards) if i % world == rank]
+    return mine + [i for i in range(num_shards) if i % world != rank]
+
+
+def _start(root: Path, expected: dict) -> dict:
+    """The cache's manifest, started when absent; one line when it belongs to another build."""
+    with fm.lock(root, "manifest"):
+        old = fm.read_manifest(root)
+        if old is None:
+            fm.write_manifest(root, {**expected, "shards": [], "tokens": 0, "loss_tokens": 0, "complete": False})
+            return fm.read_manifest(root)
+    diff = {k: (old.get(k), v) for k, v in expected.items() if old.get(k) != v}
+    if diff:
+        raise UserError(f"{root / fm.MANIFEST} belongs to another build {diff} (cached, now): delete {root} "
+                        "(or set features.cache_dir to a new directory) and rerun "
+                        "`draftsmith prepare recipe.yaml --features`")
+    return old
+
+
+def _merge(root: Path, entry: dict) -> dict:
+    """Add one finished shard to the manifest: read, replace that shard's entry, write aside, rename."""
+    with fm.lock(root, "manifest"):
+        manifest = fm.read_manifest(root)
+        manifest["shards"] = [s for s in manifest["shards"] if s["start"] != entry["start"]] + [entry]
+        fm.write_manifest(root, manifest)
+        return fm.read_manifest(root)
+
+
+def _drop(root: Path, start: int) -> None:
+    with fm.lock(root, "manifest"):
+        manifest = fm.read_manifest(root)
+        manifest["shards"] = [s for s in manifest["shards"] if s["start"] != start]
+        fm.write_manifest(root, manifest)
+
+
 def build(target, dataset, cache_dir: str, layers: list[int], dtype: str = "bfloat16", shard_rows: int = 256,
-          required: Iterable[str] = CACHEABLE, batch_size: int = 8, log=print) -> dict:
-    """Write (or finish) the cache for `dataset` under cache_dir; returns the manifest."""
+          required: Iterable[str] = CACHEABLE, batch_size: int = 8, log=print, rank: int = 0, world: int = 1) -> dict:
+    """Write (or finish) the cache for `dataset` under cache_dir; returns the manifest.
+
+    rank / world: this builder's place among `world` builders sharing the cache (prepare --nproc, torchrun).
+    Each shard is built by whichever builder holds its lock; a finished shard listed in the manifest is kept
+    when its size and sha256 still match, and rebuilt otherwise."""
     features = cache_features(required)
     if not features:
         raise UserError(f"nothing to cache: required features {sorted(required)} include none of {CACHEABLE}")
@@ -152,52 +193,51 @@ def build(target, dataset, cache_dir: str, layers: list[int], dtype: str = "bflo
         raise UserError(f"features.dtype {dtype!r} is not one of {sorted(DTYPES)}")
     root = Path(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
-    manifest_path = root / "manifest.json"
     expected = _expected(target, dataset, layers, dtype, shard_rows, features)
-    manifest = {**expected, "shards": [], "tokens": 0, "loss_tokens": 0, "complete": False}
-    if manifest_path.exists():
-        old = json.loads(manifest_path.read_text())
-        diff = {k: (old.get(k), v) for k, v in expected.items() if old.get(k) != v}
-        if diff:
-            raise UserError(f"{manifest_path} belongs to another build {diff} (cached, now): delete {root} "
-                             "(or set features.cache_dir to a new directory) and rerun "
-                             "`draftsmith prepare recipe.yaml --features`")
-        manifest = old
-    done = {s["start"] for s in manifest["shards"] if (root / s["file"]).exists()}
-    manifest["shards"] = [s for s in manifest["shards"] if s["start"] in done]
-    for start in range(0, len(dataset), shard_rows):
-        if start in done:
-            continue
-        end = min(len(dataset), start + shard_rows)
-        tensors = _shard_tensors(target, dataset, start, end, layers, dtype, features, batch_size)
-        name = f"shard_{start // shard_rows:05d}.safetensors"
-        _write_shard(root, name, tensors, {"start": str(start), "end": str(end)})
-        tokens = sum(len(dataset[i]["input_ids"]) for i in range(start, end))
-        loss = sum(int(dataset[i]["loss_mask"].sum()) for i in range(start, end))
-        manifest["shards"].append({"file": name, "start": start, "end": end, "tokens": tokens, "loss_tokens": loss,
-                                   "build_dtype": str(target.dtype).replace("torch.", "")})
-        manifest["shards"].sort(key=lambda s: s["start"])
-        manifest["tokens"] = sum(s["tokens"] for s in manifest["shards"])
-        manifest["loss_tokens"] = sum(s["loss_tokens"] for s in manifest["shards"])
-        manifest["complete"] = sum(s["end"] - s["start"] for s in manifest["shards"]) == len(dataset)
-        _write_json(manifest_path, manifest)
-        log(f"feature cache: {name} rows [{start}, {end}) written")
-    manifest["complete"] = True
-    _write_json(manifest_path, manifest)
+    manifest = _start(root, expected)
+    num_shards = -(-len(dataset) // shard_rows)
+    built = 0
+    for index in shard_order(num_shards, rank, world):
+        start, end, name = index * shard_rows, min(len(dataset), (index + 1) * shard_rows), fm.shard_name(index)
+        with fm.lock(root, name, wait=False) as held:
+            if not held:
+                continue  # another builder is writing it
+            manifest = fm.read_manifest(root)
+            entry = next((s for s in manifest["shards"] if s["start"] == start), None)
+            if entry is not None:
+                why = fm.shard_damage(root, entry)
+                if why is None:
+                    continue
+                log(f"feature cache: {name} is damaged ({why}); rebuilding it")
+                _drop(root, start)
+            elif fm.regular_shard(root, {"file": name}) is not None:
+                log(f"feature cache: {name} is not in the manifest (a build stopped before recording it); rebuilding it")
+            tensors = _shard_tensors(target, dataset, start, end, layers, dtype, features, batch_size)
+            size, digest = _write_shard(root, name, tensors, {"start": str(start), "end": str(end)})
+            tokens = sum(len(dataset[i]["input_ids"]) for i in range(start, end))
+            loss = sum(int(dataset[i]["loss_mask"].sum()) for i in range(start, end))
+            manifest = _merge(root, {"file": name, "start": start, "end": end, "tokens": tokens, "loss_tokens": loss,
+                                     "build_dtype": str(target.dtype).replace("torch.", ""), "size": size,
+                                     "sha256": digest})
+            built += 1
+            log(f"feature cache: {name} rows [{start}, {end}) written" + (f" (rank {rank} of {world})" if world > 1 else ""))
+    manifest = fm.read_manifest(root)
+    if not manifest["complete"] and world == 1:
+        raise UserError(f"feature cache {root}: another builder still holds a shard; wait for it to finish and rerun "
+                        "`draftsmith prepare recipe.yaml --features`")
     return manifest
 
 
 class CachedDataset(torch.utils.data.Dataset):
-    """Rows of a feature cache: {"input_ids", "loss_mask", "id", <cached features>} per item."""
+    """Rows of a feature cache: {"input_ids", "loss_mask", "id", <cached features>} per item. Each shard's
+    header is checked (fm.check_shard_header) before the first read from it."""
 
     def __init__(self, root: Path, manifest: dict, start: int = 0, end: Optional[int] = None):
         self.root, self.manifest = root, manifest
         self.start, self.end = start, manifest["rows"] if end is None else end
         self._handles: dict[str, object] = {}
-        self._shard_of = {}
-        for s in manifest["shards"]:
-            for r in range(s["start"], s["end"]):
-                self._shard_of[r] = s["file"]
+        self._shards = sorted(manifest["shards"], key=lambda s: s["start"])
+        self._starts = [s["start"] for s in self._shards]
 
     def __len__(self) -> int:
         return self.end - self.start
@@ -205,25 +245,24 @@ class CachedDataset(torch.utils.data.Dataset):
     def subset(self, start: int, end: int) -> "CachedDataset":
         return CachedDataset(self.root, self.manifest, self.start + start, self.start + end)
 
+    def _handle(self, row: int):
+        entry = self._shards[bisect.bisect_right(self._starts, row) - 1]
+        file = entry["file"]
+        if file not in self._handles:
+            fm.check_shard_header(self.root, entry, self.manifest)
+            self._handles[file] = safe_open(str(self.root / file), framework="pt")
+        return self._handles[file]
+
     def lengths(self) -> list[int]:
         """Token count of every row (from the manifest-listed shards, without reading features)."""
-        out = []
-        for i in range(len(self)):
-            row = self.start + i
-            file = self._shard_of[row]
-            if file not in self._handles:
-                self._handles[file] = safe_open(str(self.root / file), framework="pt")
-            out.append(self._handles[file].get_slice(f"{row}/input_ids").get_shape()[0])
-        return out
+        return [self._handle(self.start + i).get_slice(f"{self.start + i}/input_ids").get_shape()[0]
+                for i in range(len(self))]
 
     def __getitem__(self, i: int) -> dict:
         if not 0 <= i < len(self):
             raise IndexError(i)
         row = self.start + i
-        file = self._shard_of[row]
-        if file not in self._handles:
-            self._handles[file] = safe_open(str(self.root / file), framework="pt")
-        h = self._handles[file]
+        h = self._handle(row)
         item = {"input_ids": h.get_tensor(f"{row}/input_ids").long(), "loss_mask": h.get_tensor(f"{row}/loss_mask").long(),
                 "id": f"cache:{row}"}
         quantized = DTYPES[self.manifest["dtype"]] in QMAX
@@ -237,11 +276,10 @@ class CachedDataset(torch.utils.data.Dataset):
 def open(cache_dir: str, target, layers: list[int], required: Optional[Iterable[str]] = None) -> CachedDataset:  # noqa: A001
     """Open a finished cache built for this target and layer set (ValueError otherwise)."""
     root = Path(cache_dir)
-    path = root / "manifest.json"
-    if not path.exists():
+    manifest = fm.read_manifest(root)
+    if manifest is None:
         raise FileNotFoundError(f"no feature cache at {root} (missing manifest.json): build it with "
                                 "`draftsmith prepare recipe.yaml --features`")
-    manifest = json.loads(path.read_text())
     if not target.matches(manifest.get("target_fingerprint")):
         raise UserError(f"feature cache {root} was built for target {manifest.get('target')!r} (fingerprint "
                          f"{manifest.get('target_fingerprint')}), not {target.name!r} (fingerprint {target.fingerprint}); "
@@ -249,10 +287,19 @@ def open(cache_dir: str, target, layers: list[int], required: Optional[Iterable[
     if manifest.get("layers") != list(layers):
         raise UserError(f"feature cache {root} holds layers {manifest.get('layers')}, the drafter needs {list(layers)}; "
                          + REBUILD)
+    if manifest.get("hidden_size") != target.hidden_size:
+        raise UserError(f"feature cache {root} holds hidden size {manifest.get('hidden_size')}, the target's is "
+                        f"{target.hidden_size}; " + REBUILD)
     if not manifest.get("complete"):
         raise UserError(f"feature cache {root} is incomplete ({len(manifest['shards'])} shard(s) written); "
                          "finish it with `draftsmith prepare recipe.yaml --features` (it resumes)")
     missing = set(cache_features(required or [])) - set(manifest["features"])
     if missing:
         raise UserError(f"feature cache {root} lacks {sorted(missing)} (has {manifest['features']}); " + REBUILD)
+    for entry in manifest["shards"]:  # cheap checks of every shard before training starts
+        st = fm.regular_shard(root, entry)
+        if st is None or st.st_size != entry["size"]:
+            found = "missing" if st is None else f"{st.st_size:,} bytes, the manifest recorded {entry['size']:,}"
+            raise UserError(f"feature cache shard {root / entry['file']}: {found}; finish the cache with "
+                            "`draftsmith prepare recipe.yaml --features` (it rebuilds damaged shards)")
     return CachedDataset(root, manifest)

@@ -112,6 +112,15 @@ def load_data(cfg, target, drafter_cls, options, ctx=None, api_key_env: str | No
     api_key_env: the variable holding the regeneration server's key (--api-key-env)."""
     from draftsmith import data
 
+    if cfg.features.mode == "offline" and cfg.features.source == "vllm":  # vLLM's hidden-states files
+        from draftsmith.data import vllm_hidden_states
+
+        train, heldout, report = data.build_dataset(data.training_data_config(cfg), target.tokenizer)
+        log = print if ctx is None or ctx.is_main else (lambda *_: None)
+        layers = drafter_cls.feature_layers_for(options, target)
+        train_set, heldout = vllm_hidden_states.open_rows(cfg.features.dir, target, layers, drafter_cls.required_features,
+                                                          [train, heldout], log=log)
+        return train_set, heldout, data.token_counts(train_set, target.vocab_size)
     if cfg.features.mode == "offline":
         from draftsmith.data import feature_cache
 

@@ -343,3 +343,91 @@ def special_file(relpath: str, kind: str, names: list[str] | None = None) -> Dam
     """`relpath` replaced by a device node (a copy of /dev/null's), FIFO, socket, or a link to /dev/zero or a FIFO."""
     return Damage(f"{relpath} is a {kind}", lambda root: _make_special(root / relpath, kind),
                   names or [Path(relpath).name])
+
+
+# --------------------------------------------------------------------------- feature cache (issue 44, item 2)
+
+MANIFEST_PATHS = [("format_version",), ("target_fingerprint",), ("layers",), ("layers", 0), ("dtype",),
+                  ("features",), ("features", 0), ("rows",), ("shard_rows",), ("hidden_size",), ("tokens",),
+                  ("loss_tokens",), ("complete",), ("shards",), ("shards", 0), ("shards", 0, "file"),
+                  ("shards", 0, "start"), ("shards", 0, "end"), ("shards", 0, "tokens"), ("shards", 0, "size"),
+                  ("shards", 0, "sha256"), ("shards", 1, "file"), ("shards", 1, "start")]
+SHARD_DAMAGES = ["other_shard", "escape_relative", "escape_absolute", "range"]
+
+
+def _shard_damage(cache: str, op: str) -> Damage:
+    first, second = f"{cache}/shard_00000.safetensors", f"{cache}/shard_00001.safetensors"
+
+    def apply(root: Path) -> None:
+        manifest = root / cache / "manifest.json"
+        data = json.loads(manifest.read_text())
+        if op == "other_shard":
+            (root / second).write_bytes((root / first).read_bytes())
+        elif op == "range":
+            data["shards"][0].update(start=-5, end=10**9)
+        else:
+            data["shards"][0]["file"] = "../../x.safetensors" if op == "escape_relative" else str(root / first)
+        manifest.write_text(json.dumps(data))
+
+    return Damage(f"{cache}: {op}", apply, ["manifest.json", "shard_00000.safetensors", "shard_00001.safetensors"])
+
+
+def feature_cache_damage(cache: str) -> st.SearchStrategy[Damage]:
+    """One damage to a feature cache at `cache`: a manifest value, the whole manifest, its bytes, a special
+    file in its place; a shard's bytes, a special shard, another shard's bytes, a shard outside the cache."""
+    manifest = f"{cache}/manifest.json"
+    shard = st.sampled_from([f"{cache}/shard_00000.safetensors", f"{cache}/shard_00001.safetensors"])
+    return st.one_of(json_damage(manifest, MANIFEST_PATHS), whole_json_damage(manifest), byte_damage(manifest),
+                     st.sampled_from(SPECIAL_KINDS).map(lambda k: special_file(manifest, k)),
+                     shard.flatmap(byte_damage),
+                     st.tuples(shard, st.sampled_from(SPECIAL_KINDS)).map(lambda a: special_file(a[0], a[1])),
+                     st.sampled_from(SHARD_DAMAGES).map(lambda op: _shard_damage(cache, op)))
+
+
+# --------------------------------------------------------------------------- vLLM hidden-states files (issue 43)
+
+VLLM_DAMAGES = ["fewer_layers", "narrower", "layer_order", "other_tokens", "zstd_bomb", "zstd_unsized", "zstd_garbage",
+                "sidecar_fingerprint", "sidecar_layers"]
+
+
+def _vllm_damage(folder: str, op: str, row: int) -> Damage:
+    name = f"hs_{row}.safetensors"
+
+    def apply(root: Path) -> None:
+        import torch
+        from safetensors.torch import load_file, save_file
+
+        path = root / folder / name
+        if op.startswith("zstd"):
+            import zstandard
+
+            raw = b"\0" * (8 << 20) if op == "zstd_bomb" else path.read_bytes()
+            comp = zstandard.ZstdCompressor(write_content_size=op != "zstd_unsized").compress(raw)
+            path.unlink()
+            (root / folder / (name + ".zst")).write_bytes(b"junk" + comp if op == "zstd_garbage" else comp)
+        elif op.startswith("sidecar"):
+            side_path = root / folder / "draftsmith_vllm.json"
+            side = json.loads(side_path.read_text())
+            side.update(target_fingerprint="0" * 16) if op == "sidecar_fingerprint" else side.update(layer_ids=[0, 1])
+            side_path.write_text(json.dumps(side))
+        else:
+            data = load_file(str(path))
+            h = data["hidden_states"]
+            data["hidden_states"] = {"fewer_layers": h[:, :2], "narrower": h[:, :, :16], "layer_order": h.flip(1),
+                                     "other_tokens": h}[op].contiguous()
+            if op == "other_tokens":
+                data["token_ids"] = torch.flip(data["token_ids"], [0]).contiguous()
+            save_file(data, str(path))
+
+    return Damage(f"{folder}/{name}: {op}", apply, [name, name + ".zst", "draftsmith_vllm.json", "features.dir"])
+
+
+def vllm_folder_damage(folder: str, rows: int) -> st.SearchStrategy[Damage]:
+    """One damage to a folder of vLLM hidden-states files: its bytes, a special file in its place, fewer layers,
+    a narrower hidden size, another layer order, other tokens, a zstd bomb, an unsized or garbled zstd frame, a
+    sidecar naming another target or other layers."""
+    row = st.integers(0, rows - 1)
+    return st.one_of(row.flatmap(lambda r: byte_damage(f"{folder}/hs_{r}.safetensors")),
+                     st.tuples(row, st.sampled_from(SPECIAL_KINDS)).map(
+                         lambda a: special_file(f"{folder}/hs_{a[0]}.safetensors", a[1])),
+                     st.tuples(st.sampled_from(VLLM_DAMAGES), row).map(lambda a: _vllm_damage(folder, a[0], a[1])))

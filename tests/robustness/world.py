@@ -31,6 +31,8 @@ RECIPE = {
     "logging": {"progress_bar": False},
 }
 CHECKPOINT = "runs/base/final"
+CACHE = "cache"  # the offline feature cache of RECIPE (3 shards of 8 rows)
+VLLM_DIR = "vllm"  # the same rows as vLLM hidden-states files (prepare --format vllm)
 RESULT = "results/base.json"
 PROMPTS = "data/prompts.jsonl"
 # eval flags that keep one case well under a second on a CPU core
@@ -72,6 +74,10 @@ def build(root: Path) -> Path:
     (root / PROMPTS).write_text('{"id": "a", "prompt": "hello there"}\n{"id": "b", "prompt": "abc abc"}\n')
     (root / "recipe.yaml").write_text(yaml.safe_dump(RECIPE, sort_keys=False))
     _run_or_fail(root, ["train", "recipe.yaml"], ["runs/base"])
+    _run_or_fail(root, ["prepare", "recipe.yaml", f"features.cache_dir={CACHE}", "features.shard_rows=8", "--features"],
+                 [CACHE])
+    _run_or_fail(root, ["prepare", "recipe.yaml", f"features.dir={VLLM_DIR}", "--features", "--format", "vllm"],
+                 [VLLM_DIR])
     (root / "results").mkdir()
     _run_or_fail(root, ["eval", CHECKPOINT, *EVAL_FAST, "--out", RESULT], [RESULT])
     shutil.rmtree(root / "tmp", ignore_errors=True)
