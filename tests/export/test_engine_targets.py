@@ -61,7 +61,8 @@ def test_table_refuses_exactly_the_gaps_read(name, fmt):
             continue
         assert len(reasons) == 1 and "\n" not in reasons[0], reasons
         line = reasons[0]
-        assert line.startswith(f"--to {fmt}: {SOURCES[fmt]}") and "/" in line and config.model_type in line, line  # names its source path
+        assert line.startswith(f"--to {fmt}: {SOURCES[fmt]}"), line
+        assert "/" in line and config.model_type in line, line  # names the target and the engine's source path
 
 
 @pytest.mark.parametrize("name", HYBRIDS + VLMS)

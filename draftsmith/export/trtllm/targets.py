@@ -8,10 +8,11 @@ spec_metadata.maybe_capture_hidden_states(layer_idx, ...) for EAGLE-3 to get its
     Qwen3NextForCausalLM, text and VLM), Nemotron-H (NemotronHLayer.forward).
   - not captured: Gemma-3 (modeling_gemma3vl.py registers Gemma3ForConditionalGeneration as Gemma3Model, whose
     text model is modeling_gemma3.py's Gemma3ForCausalLM, a plain DecoderModelForCausalLM whose Gemma3DecoderLayer
-    takes no spec_metadata), Falcon-H1 (modeling_falcon_h1.py: its model
-    passes no spec_metadata to its layers).
+    takes no spec_metadata), Falcon-H1 (modeling_falcon_h1.py: its model passes no spec_metadata to its layers),
+    Qwen2.5-VL and Qwen3-VL (Qwen2VLModelBase.forward in modeling_qwen2vl.py at c666e7e, Qwen3VLModelBase.forward
+    in modeling_qwen3vl.py at f4faed1: self.llm.forward(...) is called without spec_metadata).
   - no model class registered (register_auto_model): LFM2, Granite-4 hybrid (granitemoehybrid).
-  - not read: Kimi-Linear, Qwen2.5-VL, Qwen3-VL; refused until someone reads their decoder layers.
+  - not read: Kimi-Linear (KimiLinearForCausalLM is registered); refused until someone reads its decoder layers.
 """
 from __future__ import annotations
 
@@ -40,11 +41,13 @@ TABLE.register(("qwen3_5", "qwen3_5_text"), _row("Qwen3_5ForCausalLM (Qwen3NextF
 TABLE.register(("qwen3_5_moe", "qwen3_5_moe_text"), _row("Qwen3_5MoeForCausalLM (Qwen3NextForCausalLM)",
                                                          "modeling_qwen3_5.py", EAGLE3))
 TABLE.register(("nemotron_h",), _row("NemotronHForCausalLM", "modeling_nemotron_h.py", EAGLE3))
-TABLE.register(("gemma3",), _row("Gemma3Model (its text model Gemma3ForCausalLM)", "modeling_gemma3vl.py, modeling_gemma3.py",
-                                         NONE))
-TABLE.register(("falcon_h1",), _row("FalconH1ForCausalLM", "modeling_falcon_h1.py", NONE))
+TABLE.register(("gemma3",), _row("Gemma3Model", "modeling_gemma3vl.py; its Gemma3DecoderLayer in modeling_gemma3.py "
+                                                 "takes no spec_metadata", NONE))
+TABLE.register(("falcon_h1",), _row("FalconH1ForCausalLM",
+                                    "modeling_falcon_h1.py: its model passes no spec_metadata to its layers", NONE))
 TABLE.register(("lfm2",), {SNAPSHOT: None})
 TABLE.register(("granitemoehybrid",), {SNAPSHOT: None})
 TABLE.register(("kimi_linear",), _row("KimiLinearForCausalLM", "(its file not read)", NONE, _UNREAD))
-TABLE.register(("qwen2_5_vl",), _row("Qwen2_5_VLForConditionalGeneration", "modeling_qwen2vl.py", NONE, _UNREAD))
-TABLE.register(("qwen3_vl",), _row("Qwen3VLForConditionalGeneration", "modeling_qwen3vl.py", NONE, _UNREAD))
+_NO_LLM_SPEC = "its forward calls self.llm.forward without spec_metadata"
+TABLE.register(("qwen2_5_vl",), _row("Qwen2_5_VLModel", f"modeling_qwen2vl.py: {_NO_LLM_SPEC}", NONE))
+TABLE.register(("qwen3_vl",), _row("Qwen3VLModelBase", f"modeling_qwen3vl.py: {_NO_LLM_SPEC}", NONE))

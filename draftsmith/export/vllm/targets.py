@@ -32,7 +32,8 @@ def _last(cls: str, file: str) -> TargetClass:
     return TargetClass(cls, M + file, LAST_STATE_ONLY)
 
 
-TABLE = TargetTable("vllm", "vLLM", M + "registry.py", RELEASES["vllm"], needs=dict.fromkeys(ALL - LAST_STATE_ONLY, _AUX))
+TABLE = TargetTable("vllm", "vLLM", M + "registry.py", RELEASES["vllm"],
+                    needs=dict.fromkeys(ALL - LAST_STATE_ONLY, _AUX))
 TARGETS["vllm"] = TABLE
 
 _QWEN3_NEXT = _aux("Qwen3NextForCausalLM", "qwen3_next.py")
