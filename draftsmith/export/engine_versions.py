@@ -126,7 +126,7 @@ class TargetClass:
     cls: str  # the engine's model class (as its registry names it)
     source: str  # the file it was read from, inside that release
     kinds: frozenset  # the drafter kinds it can serve
-    unread: str = ""  # set where draftsmith has not read whether it serves the kinds: what is left to read
+    why: str = ""  # the gap in its own words, where it is not the table's `needs` (a class that cannot load the target)
 
 
 class TargetTable:
@@ -172,8 +172,7 @@ class TargetTable:
                    f"serves no {kind} drafters for it")
         else:
             gap = (f"{self.engine} {release} cannot serve {kind} drafters for a {model_type} target: its {target.cls} "
-                   f"({target.source}) " + (f"is not read yet ({target.unread})" if target.unread
-                                             else f"lacks {self.needs[kind]}"))
+                   f"({target.source}) " + (target.why or f"lacks {self.needs[kind]}"))
         others = [r for r in self.releases if r != release and self.serves(model_type, r, kind)
                   and (r not in versions(self.fmt) or serving(self.fmt, r, kind).served)]
         fix = (f"{self.engine} {others[-1]} does: pass --engine-version {others[-1]}" if others

@@ -12,7 +12,9 @@ spec_metadata.maybe_capture_hidden_states(layer_idx, ...) for EAGLE-3 to get its
     Qwen2.5-VL and Qwen3-VL (Qwen2VLModelBase.forward in modeling_qwen2vl.py at c666e7e, Qwen3VLModelBase.forward
     in modeling_qwen3vl.py at f4faed1: self.llm.forward(...) is called without spec_metadata).
   - no model class registered (register_auto_model): LFM2, Granite-4 hybrid (granitemoehybrid).
-  - not read: Kimi-Linear (KimiLinearForCausalLM is registered); refused until someone reads its decoder layers.
+  - Kimi-Linear: KimiLinearForCausalLM (modeling_kimi_linear.py at cf328e8) is the Kimi K3 runtime. Its MoE raises
+    without routed_expert_hidden_size ("Kimi K3 runtime expects the latent MoE") and its layers assert
+    attn_res_block_size; transformers' kimi_linear config has neither, so it cannot load such a target.
 """
 from __future__ import annotations
 
@@ -28,11 +30,8 @@ TABLE = TargetTable("trtllm", "TensorRT-LLM", f"{M}: no register_auto_model for 
 TARGETS["trtllm"] = TABLE
 
 
-_UNREAD = "whether its decoder layers call spec_metadata.maybe_capture_hidden_states; export --to vllm or sglang"
-
-
-def _row(cls: str, file: str, kinds, unread: str = "") -> dict:
-    return {SNAPSHOT: TargetClass(cls, M + file, kinds, unread)}
+def _row(cls: str, file: str, kinds, why: str = "") -> dict:
+    return {SNAPSHOT: TargetClass(cls, M + file, kinds, why)}
 
 
 TABLE.register(("qwen3_next",), _row("Qwen3NextForCausalLM", "modeling_qwen3_next.py", EAGLE3))
@@ -47,7 +46,10 @@ TABLE.register(("falcon_h1",), _row("FalconH1ForCausalLM",
                                     "modeling_falcon_h1.py: its model passes no spec_metadata to its layers", NONE))
 TABLE.register(("lfm2",), {SNAPSHOT: None})
 TABLE.register(("granitemoehybrid",), {SNAPSHOT: None})
-TABLE.register(("kimi_linear",), _row("KimiLinearForCausalLM", "(its file not read)", NONE, _UNREAD))
+TABLE.register(("kimi_linear",), _row(
+    "KimiLinearForCausalLM", "modeling_kimi_linear.py at cf328e8", NONE,
+    "is the Kimi K3 runtime: it requires routed_expert_hidden_size (latent MoE) and attn_res_block_size, which a "
+    "kimi_linear config does not have"))
 _NO_LLM_SPEC = "its forward calls self.llm.forward without spec_metadata"
 TABLE.register(("qwen2_5_vl",), _row("Qwen2_5_VLModel", f"modeling_qwen2vl.py: {_NO_LLM_SPEC}", NONE))
 TABLE.register(("qwen3_vl",), _row("Qwen3VLModelBase", f"modeling_qwen3vl.py: {_NO_LLM_SPEC}", NONE))
