@@ -1,7 +1,9 @@
 """Which engine release serves which drafter kind: one table, each row naming the engine file (inside that
 release's wheel) the fact was read from. `draftsmith export --engine-version V` checks the kind against the
 row of V (default: the newest release read), refuses what that release cannot serve in one line that says
-why and which release does serve it, and records the version in draftsmith.json.
+why and which release does serve it, and records the version in draftsmith.json. TARGETS (below) narrows that per
+target: the model class each release has for a hybrid or vision-language model_type and the kinds it serves, one
+table per engine registered by export/<engine>/targets.py.
 
 Read from the wheels vllm-0.9.2, vllm-0.20.0, vllm-0.27.0, vllm-0.33.0 and sglang-0.5.23 (paths below are
 inside the package). Facts that decide the rows:
