@@ -1,7 +1,9 @@
 """Which engine release serves which drafter kind: one table, each row naming the engine file (inside that
 release's wheel) the fact was read from. `draftsmith export --engine-version V` checks the kind against the
 row of V (default: the newest release read), refuses what that release cannot serve in one line that says
-why and which release does serve it, and records the version in draftsmith.json.
+why and which release does serve it, and records the version in draftsmith.json. TARGETS (below) narrows that per
+target: the model class each release has for a hybrid or vision-language model_type and the kinds it serves, one
+table per engine registered by export/<engine>/targets.py.
 
 Read from the wheels vllm-0.9.2, vllm-0.20.0, vllm-0.27.0, vllm-0.33.0 and sglang-0.5.23 (paths below are
 inside the package). Facts that decide the rows:
@@ -114,6 +116,80 @@ SERVING.register("sglang", "dflash", {"0.5.23": _yes("srt/models/dflash.py (DFla
 SERVING.register("sglang", "dspark", {"0.5.23": _yes("srt/models/dspark.py (Qwen3DSparkModel)")})
 
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+
+
+# --------------------------------------------------------------------------- what each release serves per target
+
+
+@dataclass(frozen=True)
+class TargetClass:
+    """One engine release's model class for targets of one HF model_type, and the drafter kinds it can serve."""
+
+    cls: str  # the engine's model class (as its registry names it)
+    source: str  # the file it was read from, inside that release
+    kinds: frozenset  # the drafter kinds it can serve
+    why: str = ""  # the gap in its own words, where it is not the table's `needs` (a class that cannot load the target)
+
+
+class TargetTable:
+    """model_type -> {release: TargetClass, or None where the release has no model class for it}, one per engine
+    format, registered by the engine's own folder (export/<engine>/targets.py) and read by can_export. Targets the
+    table does not list (the attention-only families) get no refusal from it."""
+
+    def __init__(self, fmt: str, engine: str, registry: str, releases: tuple[str, ...], needs: dict[str, str]):
+        self.fmt, self.engine, self.registry, self.releases = fmt, engine, registry, releases
+        self.needs = needs  # kind -> what the target's model class must have for it, and the engine file that checks
+        self._rows: dict[str, dict[str, TargetClass | None]] = {}
+
+    def register(self, model_types: tuple[str, ...], rows: dict[str, TargetClass | None]) -> None:
+        unknown = set(rows) - set(self.releases)
+        if unknown or set(model_types) & set(self._rows):
+            raise ValueError(f"{self.fmt} {model_types}: releases {sorted(unknown)} not read, or registered twice")
+        for model_type in model_types:
+            self._rows[model_type] = rows
+
+    def model_types(self) -> list[str]:
+        return sorted(self._rows)
+
+    def get(self, model_type: str, release: str) -> TargetClass | None:
+        return self._rows[model_type].get(release)
+
+    def serves(self, model_type: str, release: str, kind: str) -> bool:
+        row = self._rows.get(model_type)
+        target = row.get(release) if row is not None else None
+        return row is None or (target is not None and kind in target.kinds)
+
+    def refusals(self, target_config, kind: str, version: str | None) -> list[str]:
+        """One line naming the gap when release `version` (None: the newest read) cannot serve a `kind` drafter for
+        a target of `target_config`; [] when it can or the table does not list its model_type."""
+        model_type = str(getattr(target_config, "model_type", ""))
+        if model_type not in self._rows:
+            return []
+        release = version or self.releases[-1]
+        if self.serves(model_type, release, kind):
+            return []
+        target = self.get(model_type, release)
+        if target is None:
+            gap = (f"{self.engine} {release} has no model class for a {model_type} target ({self.registry}), so it "
+                   f"serves no {kind} drafters for it")
+        else:
+            gap = (f"{self.engine} {release} cannot serve {kind} drafters for a {model_type} target: its {target.cls} "
+                   f"({target.source}) " + (target.why or f"lacks {self.needs[kind]}"))
+        others = [r for r in self.releases if r != release and self.serves(model_type, r, kind)
+                  and (r not in versions(self.fmt) or serving(self.fmt, r, kind).served)]
+        fix = (f"{self.engine} {others[-1]} does: pass --engine-version {others[-1]}" if others
+               else f"no {self.engine} release draftsmith has read does: export another kind or format")
+        return [f"--to {self.fmt}: {gap}; {fix}"]
+
+
+TARGETS: dict[str, TargetTable] = {}  # format -> its table (export/<engine>/targets.py registers it on import)
+
+
+def target_refusals(fmt: str, version: str | None, kind: str, target_config) -> list[str]:
+    """Why release `version` of format `fmt`'s engine serves no `kind` drafter for this target ([]: it does, or no
+    table says otherwise)."""
+    table = TARGETS.get(fmt)
+    return table.refusals(target_config, kind, version) if table is not None else []
 
 
 def versions(engine: str) -> list[str]:

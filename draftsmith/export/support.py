@@ -5,8 +5,10 @@ inputs, each registered where the fact lives:
     one-line refusal (layout.REFUSED: an engine's draft format draftsmith does not write yet, or a
     drafter the engine does not have), else the generic one (common.not_taken);
   - the engine releases that serve the kind (engine_versions.SERVING, per (engine, kind));
-  - for a target config: the kind's own refusals (heads.refusals: rope, an unreadable config) and the
-    layout's (Layout.refusals: e.g. SGLang's aux ids name layer outputs, llama.cpp's feature capture).
+  - for a target config: the kind's own refusals (heads.refusals: rope, an unreadable config), the
+    layout's (Layout.refusals: e.g. SGLang's aux ids name layer outputs, llama.cpp's feature capture), and
+    the engine's per-target table at that release (engine_versions.TARGETS, registered by
+    export/<engine>/targets.py: the model class of a hybrid or vision-language target and the kinds it serves).
 """
 from __future__ import annotations
 
@@ -34,9 +36,12 @@ def can_export(kind: str, fmt: str, engine_version: str | None = None, target_co
         exporter = EXPORTERS.get(fmt)
         reasons += layouts(fmt).get(kind)(fmt, exporter.engine, kind).refusals(target_config)
     try:
-        engine_versions.check(fmt, engine_versions.resolve(fmt, engine_version), kind)
+        version = engine_versions.resolve(fmt, engine_version)
+        engine_versions.check(fmt, version, kind)
     except UserError as exc:
-        reasons.append(str(exc))
+        return reasons + [str(exc)]  # the release serves no such drafter at all: that is the one answer
+    if target_config is not None:  # the release serves the kind, but maybe not for this target's model class
+        reasons += engine_versions.target_refusals(fmt, version, kind, target_config)
     return reasons
 
 

@@ -67,9 +67,13 @@ REFUSED.register(FORMAT, "peagle", "llama.cpp has no parallel EAGLE (P-EAGLE) dr
                                    "token per step")
 REFUSED.register(FORMAT, "eagle1", "llama.cpp serves EAGLE-3 (three fused target layers), not EAGLE-1")
 # HF model_type of targets whose llama.cpp graph stores layer inputs for EAGLE-3 (t_layer_inp in
-# src/models/{llama,qwen3,qwen3moe,qwen3next,qwen35,qwen35moe,gemma4,openai-moe,deepseek4}.cpp).
-FEATURE_CAPTURE = ("llama", "mistral", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe",
-                   "gemma4", "gemma4_text", "gpt_oss", "deepseek_v4")
+# src/models/{llama,qwen3,qwen3moe,qwen3next,qwen35,qwen35moe,lfm2,nemotron-h,gemma4,openai-moe,deepseek4}.cpp).
+# Qwen3.5's text-only config (qwen3_5_text, Qwen3_5ForCausalLM) converts to the same qwen35 graph as the VLM
+# checkpoint (conversion/qwen.py registers both); common/speculative.cpp keeps the boundary row of a recurrent or
+# hybrid target (llama_model_is_recurrent / llama_model_is_hybrid). Without t_layer_inp: falcon-h1, granite-hybrid,
+# kimi-linear, gemma3, qwen2vl, qwen3vl.
+FEATURE_CAPTURE = ("llama", "mistral", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text",
+                   "qwen3_5_moe_text", "lfm2", "nemotron_h", "gemma4", "gemma4_text", "gpt_oss", "deepseek_v4")
 
 
 @dataclass
