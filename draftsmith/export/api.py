@@ -143,6 +143,8 @@ def export(checkpoint, to: str, out, options: ExportOptions | None = None, valid
     loaded = loaded if loaded is not None else load_drafter(checkpoint, trust_remote_code=trust_remote_code)
     kind = loaded.drafter.kind
     reasons = can_export(kind, to, version)  # e.g. vLLM 0.33 serves no Medusa: refused before any file is built
+    if not reasons:  # the release serves the kind, but maybe not for this target's model class (a hybrid, a VLM)
+        reasons = engine_versions.target_refusals(to, version, kind, loaded.target.config)
     if reasons:
         raise UserError("; ".join(reasons))
     layout = exporter.layout(kind)

@@ -138,3 +138,31 @@ def test_table_rows_name_only_kinds_the_format_takes():
                 row = table.get(model_type, release)
                 assert row is None or row.kinds <= taken, (fmt, model_type, release, row.kinds - taken)
         assert set(table.needs) <= taken
+
+
+def test_export_refuses_a_drafter_for_a_target_the_engine_does_not_serve(tmp_path):
+    """`draftsmith export` asks the same tables as can_export: an EAGLE-3 drafter of a Gemma-3 VLM target is refused
+    for vLLM (its Gemma3ForConditionalGeneration has no EAGLE-3 capture) before any file is written, and taken by
+    SGLang, which serves it."""
+    import torch
+
+    from draftsmith import config as config_mod
+    from draftsmith.checkpoint import LoadedDrafter
+    from draftsmith.core.errors import UserError
+    from draftsmith.export import export
+    from draftsmith.heads import DRAFTERS
+    from draftsmith.testing import arch_target
+
+    target = arch_target("gemma3-vl")
+    cls = DRAFTERS.get("eagle3")
+    recipe = config_mod.from_dict({"target": {"path": "gemma3-vl (built in code)"},
+                                   "drafter": {"kind": "eagle3", **cls.tiny_options}})
+    torch.manual_seed(0)
+    drafter = cls.from_target(config_mod.drafter_options(recipe), target).eval()
+    loaded = LoadedDrafter(drafter=drafter, target=target, config=recipe,
+                           meta={"kind": "eagle3", "step": 1, "target": target.identity()})
+    with pytest.raises(UserError) as err:
+        export(None, "vllm", tmp_path / "vllm", loaded=loaded, validate=False)
+    assert "\n" not in str(err.value) and "vLLM 0.33.0" in str(err.value) and "Gemma3" in str(err.value), err.value
+    assert not (tmp_path / "vllm").exists()
+    assert export(None, "sglang", tmp_path / "sglang", loaded=loaded, validate=False).out_dir.is_dir()
