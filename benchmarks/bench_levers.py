@@ -8,6 +8,18 @@ the evaluations in the first third of the tokens (report/learning_curve.py).
     python benchmarks/bench_levers.py --levers base anchors_0.25 --steps 30     # smoke run
 
 A lever whose run directory already holds a final checkpoint is not retrained (delete it to redo it).
+
+--step-cost times one training step (EAGLE-3 forward_loss + backward, batch 8 x 160 tokens of the
+stories260K target's own features, recipe shape: 5 TTT steps) per drafter option set, interleaved,
+minimum and median of --repeats: robust to other jobs on the machine, unlike a run's tokens/s.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_levers.py --step-cost --repeats 20
+
+--coverage prints, per draft vocabulary size, the share of the training and held-out label tokens (the
+target's regenerated answers) that the draft vocabulary (the most frequent training labels) holds: an
+upper bound of what a drafter with that vocabulary can ever be accepted on.
+
+    python benchmarks/bench_levers.py --coverage --sizes 64 128 256 384 512
 """
 from __future__ import annotations
 
@@ -75,6 +87,56 @@ def row(name: str, wall: float, args) -> dict:
             "acc0_end_predicted_from_first_third": predicted}
 
 
+STEP_COST = {"base": {}, "anchors_0.5": {"ttt_anchor_fraction": 0.5}, "anchors_0.25": {"ttt_anchor_fraction": 0.25},
+             "vocab_256": {"draft_vocab_size": 256}}
+
+
+def step_cost(repeats: int) -> None:
+    import torch
+
+    from draftsmith.data import features
+    from draftsmith.heads.eagle3 import Eagle3Drafter
+    from draftsmith.targets import load
+
+    target = load.load(str(REPO.parent / "shared" / "models" / "stories260K-hf"))
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, target.vocab_size, (8, 160), generator=g)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
+    drafters = {}
+    for name, options in STEP_COST.items():
+        torch.manual_seed(0)
+        d = Eagle3Drafter.from_target(Eagle3Drafter.Config(ttt_steps=5, **options), target, torch.ones(target.vocab_size))
+        drafters[name] = (d, features.complete(target, dict(batch), set(d.required_features), d.feature_layers()))
+    times = {name: [] for name in drafters}
+    for r in range(repeats + 2):
+        for name, (d, b) in drafters.items():  # interleaved: a burst of load hits every option alike
+            t0 = time.perf_counter()
+            d.forward_loss(b).loss.backward()
+            if r >= 2:
+                times[name].append(time.perf_counter() - t0)
+            d.zero_grad(set_to_none=True)
+    base = min(times["base"])
+    for name, ts in times.items():
+        print(f"| {name} | {min(ts) * 1e3:.1f} ms | {statistics.median(ts) * 1e3:.1f} ms | {min(ts) / base:.2f} |")
+
+
+def coverage(args) -> None:
+    import torch
+
+    from draftsmith import config, data
+    from draftsmith.data import draft_vocab
+    from draftsmith.targets import load
+
+    cfg = config.load(args.recipe, [f"regenerate.output={args.regenerated}"])
+    target = load.load(cfg.target.path)
+    train_set, heldout, _ = data.build_dataset(data.training_data_config(cfg), target.tokenizer)
+    counts = data.token_counts(train_set, target.vocab_size)
+    held = data.token_counts(heldout, target.vocab_size)
+    for dv in args.sizes:
+        _, t2d = draft_vocab.build(counts, dv)
+        print(f"| {dv} | {float(counts[t2d].sum() / counts.sum()):.4f} | {float(held[t2d].sum() / held.sum()):.4f} |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--levers", nargs="+", default=list(LEVERS), choices=list(LEVERS))
@@ -83,7 +145,17 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--eval-every", type=int, default=20)
     ap.add_argument("--out", default="runs/levers")
+    ap.add_argument("--step-cost", action="store_true", help="time one training step per option set (no training)")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--coverage", action="store_true", help="draft vocabulary coverage per --sizes (no training)")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[64, 128, 256, 384, 512])
     args = ap.parse_args()
+    if args.coverage:
+        coverage(args)
+        return 0
+    if args.step_cost:
+        step_cost(args.repeats)
+        return 0
     rows = []
     for name in args.levers:
         rows.append(row(name, train(name, LEVERS[name], args), args))
