@@ -56,7 +56,8 @@ def train(name: str, overrides: list[str], args) -> float:
         return json.loads((out / "wall.json").read_text())["wall_s"]
     cmd = [sys.executable, "-m", "draftsmith", "train", args.recipe, f"train.output_dir={out}",
            f"regenerate.output={args.regenerated}", f"train.max_steps={args.steps}",
-           f"train.log_every={args.eval_every}", f"train.eval_every={args.eval_every}", "--overwrite", *overrides]
+           f"train.log_every={args.eval_every}", f"train.eval_every={args.eval_every}", f"train.seed={args.seed}",
+           "--overwrite", *overrides]
     t0 = time.perf_counter()
     subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
@@ -145,6 +146,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--eval-every", type=int, default=20)
     ap.add_argument("--out", default="runs/levers")
+    ap.add_argument("--seed", type=int, default=0, help="train.seed (the recipe's default is 0)")
     ap.add_argument("--step-cost", action="store_true", help="time one training step per option set (no training)")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--coverage", action="store_true", help="draft vocabulary coverage per --sizes (no training)")

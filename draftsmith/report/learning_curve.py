@@ -288,7 +288,10 @@ def report(plan: Plan) -> str:
                      f"at {_tokens(2 * now)}: {cv.at(2 * now):.3f} [{lo:.3f}, {hi:.3f}]")
     lines.append(f"tau by k (positions past acc_{len(plan.curves) - 1} repeat its curve):")
     for k in plan.k_values:
-        s = f"  speedup {plan.speedup[k]:.2f}x" if k in plan.speedup else ""
+        s = ""
+        if k in plan.speedup:
+            s = (f"  speedup {plan.speedup[k]:.2f}x" if math.isfinite(plan.speedup[k])
+                 else "  speedup - (past the profile's k_max)")
         lines.append(f"  k={k}: measured {plan.tau_measured[k]:.2f}  fitted {plan.tau_now[k]:.2f}  "
                      f"ceiling {plan.tau_ceiling[k]:.2f}{s}")
     if not plan.speedup:

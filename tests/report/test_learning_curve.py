@@ -143,3 +143,11 @@ def test_a_real_stories260k_run_logs_tokens_and_prints_the_plan(tmp_path, capsys
     assert cli_main(["plan", str(tmp_path / "run"), "--upto-tokens", str(seen[3])]) == 0
     text = capsys.readouterr().out
     assert "at 4 held-out" not in text and "acc_0: predicted" in text and "step 50" in text
+    # with the run's speedup profile beside its final checkpoint: the speedup per k, and its recommended k
+    assert cli_main(["profile", str(tmp_path / "run" / "final"), "--workloads", "mt_bench", "--k-max", "3",
+                     "--num-prompts", "2", "--max-new-tokens", "16", "--batches", "1", "--contexts", "64",
+                     "--repeats", "2", "--overhead-batch", "2"]) == 0
+    capsys.readouterr()
+    assert cli_main(["plan", str(tmp_path / "run")]) == 0
+    text = capsys.readouterr().out
+    assert "no speedup" not in text and text.count("x\n") >= 3 and "  k=3: measured" in text
