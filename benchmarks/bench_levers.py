@@ -47,6 +47,7 @@ LEVERS = {
     "anchors_0.25": ["drafter.ttt_anchor_fraction=0.25"],          # (d) compute per token
     "anchors_0.5": ["drafter.ttt_anchor_fraction=0.5"],
     "vocab_256": ["drafter.draft_vocab_size=256"],                 # (e) draft vocabulary (full: 512)
+    "warm_anchors_0.25": ["drafter.layer_init=target", "drafter.ttt_anchor_fraction=0.25"],  # (a) + (d)
 }
 
 
