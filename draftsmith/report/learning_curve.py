@@ -46,6 +46,7 @@ C_GRID = [0.02 * i for i in range(1, 101)]  # exponent c in (0, 2]
 BOOTSTRAP = 200
 FLAT_GAIN = 0.005       # acc_0 gained by doubling the tokens below which the curve has flattened
 MAX_FACTOR = 1e4        # the goal search stops at 10,000x the tokens seen
+MAX_LOG_BYTES = 4 * MAX_RESULT_BYTES  # 256 MiB: about 400,000 logged steps
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ def read_points(run: Path) -> tuple[list[Point], Optional[float]]:
     if not os.path.lexists(file):
         raise UserError(f"{file}: not found; `draftsmith plan` reads the metrics.jsonl that `draftsmith train` "
                         "writes in its train.output_dir: pass that run directory")
-    text = read_received_text(file, "metrics log", MAX_RESULT_BYTES)
+    text = read_received_text(file, "metrics log", MAX_LOG_BYTES)
     by_step: dict[int, Point] = {}
     speeds: list[float] = []
     for n, line in enumerate(text.splitlines(), 1):
