@@ -151,3 +151,15 @@ def test_a_real_stories260k_run_logs_tokens_and_prints_the_plan(tmp_path, capsys
     assert cli_main(["plan", str(tmp_path / "run")]) == 0
     text = capsys.readouterr().out
     assert "no speedup" not in text and text.count("x\n") >= 3 and "  k=3: measured" in text
+
+
+def test_tokens_seen_survives_a_resume(tiny_run):
+    from draftsmith.train.loop import train
+
+    def seen(out):
+        return [json.loads(line)["tokens_seen"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+    fresh = train(tiny_run("fresh", "train.eval_every=2"))
+    train(tiny_run("cut", "train.eval_every=2", "train.save_every=2"), stop_after=4)
+    resumed = train(tiny_run("cut", "train.eval_every=2", "train.save_every=2", "train.resume=true"))
+    assert seen(resumed.output_dir) == seen(fresh.output_dir) and seen(fresh.output_dir)[-1] > 0
