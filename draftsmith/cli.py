@@ -5,6 +5,7 @@
     draftsmith prepare recipe.yaml             # regenerate answers with the target / build the feature cache
     draftsmith eval runs/NAME/final --workloads spec_bench,mt_bench --k 5
     draftsmith profile runs/NAME/final         # speedup_profile.json: acceptance, costs, best k per batch
+    draftsmith plan runs/NAME --goal-tau 2.5   # learning curve: tau per k now, tokens and hours to a goal
     draftsmith export runs/NAME/final --to vllm|sglang|trtllm|hf|llama.cpp --out DIR
     draftsmith leaderboard results/*.json --out leaderboard/
     draftsmith report results/run.json
@@ -34,6 +35,7 @@ SUBCOMMANDS = {
     "prepare": ("draftsmith.commands.prepare", "regenerate answers with the target; build the offline feature cache"),
     "eval": ("draftsmith.commands.eval", "run a drafter in the speculative loop and measure it"),
     "profile": ("draftsmith.commands.profile", "measure a drafter's speedup profile (speedup_profile.json beside it)"),
+    "plan": ("draftsmith.commands.plan", "fit a run's learning curve; the tokens and hours a tau goal needs"),
     "export": ("draftsmith.commands.export", "export a drafter for vLLM, SGLang, TensorRT-LLM or HF"),
     "leaderboard": ("draftsmith.commands.leaderboard", "build an acceptance leaderboard from result files"),
     "report": ("draftsmith.commands.report", "show one result file in the terminal and as HTML"),

@@ -170,12 +170,13 @@ class DraftAttention(nn.Module):
         step_kv.append((k, v))
         return out
 
-    def ttt(self, x, cos, sin, prior: list, documents=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def ttt(self, x, cos, sin, prior: list, documents=None, anchors=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The pure form of forward_ttt (no list mutation, so it can be recomputed under
-        checkpointing): -> (attention output [b, n, h], this step's k, v [b, KV, n, d])."""
+        checkpointing): -> (attention output [b, n, h], this step's k, v [b, KV, n, d]).
+        anchors [m] (sorted indices): x holds only those m positions of this step (ttt_attention)."""
         q, k, v = self.project(x, cos, sin)
         o = ttt_attention(q, [*prior, (k, v)], documents, 1.0 / math.sqrt(self.head_dim), self.ttt_impl, self.ttt_chunk,
-                          self.window)
+                          self.window, anchors)
         return self._out(o), k, v
 
 
@@ -184,7 +185,7 @@ TTT_IMPLS = ("auto", "eager", "chunked", "flex")
 
 
 def ttt_attention(q, kv: list, documents, scale: float, impl: str = "auto", chunk: int = 256,
-                  window: int | None = None) -> torch.Tensor:
+                  window: int | None = None, anchors: torch.Tensor | None = None) -> torch.Tensor:
     """EAGLE-3 TTT attention (Li et al. 2025, sec. 3) of step t = len(kv) - 1.
 
     q [b, H, n, d]; kv[s] = (k, v) [b, KV, >= n, d] of steps 0..t (the last is this step's);
@@ -199,12 +200,18 @@ def ttt_attention(q, kv: list, documents, scale: float, impl: str = "auto", chun
     "chunked" (query blocks of `chunk`, each recomputed in backward: peak O(chunk * n) scores),
     "flex" (flex_attention with a block mask over [k_0; ...; k_t]; fused when compiled, on GPU),
     "auto" (flex on CUDA, chunked elsewhere). All equal in fp32 (tests/heads/test_ttt_attention.py).
+
+    anchors [m] (sorted indices j; drafter.ttt_anchor_fraction): this step's queries, and the chain keys
+    of steps 1..t, are those m positions only (q [b, H, m, d]); step-0 keys stay whole. One [b, H, m, n]
+    score block (_ttt_anchors), whatever impl says.
     """
     prefix_window = None
     if window is not None:
         t = len(kv) - 1
         kv = [kv[0], *(kv[s] for s in range(1, t + 1) if t - s < window)]
         prefix_window = window - t  # step-0 keys i with j - i < prefix_window (none when <= 0)
+    if anchors is not None:
+        return _ttt_anchors(q, kv, documents, scale, anchors, prefix_window)
     if impl == "auto":
         impl = "flex" if q.is_cuda else "chunked"
     if impl == "eager":
@@ -238,6 +245,29 @@ def _ttt_eager(q, kv, documents, scale, prefix_window=None):
     chain = [(q * _expand(sk[:, :, :n], heads)).sum(-1, keepdim=True) * scale for sk, _ in kv[1:]]  # [b, H, n, 1]
     # 3. one softmax over prefix + chain, then the weighted values
     weights = torch.softmax(torch.cat([prefix, *chain], dim=-1).float(), dim=-1).to(q.dtype)  # [b, H, n, n + t]
+    o = torch.matmul(weights[..., :n], v0)
+    for s, values in enumerate(chain_v):
+        o = o + weights[..., n + s : n + s + 1] * values
+    return o
+
+
+def _ttt_anchors(q, kv, documents, scale, anchors, prefix_window=None):
+    """_ttt_eager for queries at the m sorted positions `anchors`: query r (position anchors[r]) sees step-0
+    keys i <= anchors[r] of its document and entry r of each earlier chain step."""
+    m, heads = q.shape[2], q.shape[1]
+    n = int(anchors[-1]) + 1 if m else 1
+    k0, v0 = (_expand(t[:, :, :n], heads) for t in kv[0])  # [b, H, n, d]
+    prefix = torch.matmul(q, k0.transpose(-1, -2)) * scale  # [b, H, m, n]
+    keys = torch.arange(n, device=q.device)
+    allowed = keys[None, :] <= anchors[:, None]  # [m, n]
+    if prefix_window is not None:
+        allowed = allowed & (anchors[:, None] - keys[None, :] < prefix_window)
+    if documents is not None:
+        allowed = allowed & (documents[:, anchors][:, :, None] == documents[:, None, :n])[:, None]  # [b, 1, m, n]
+    prefix = prefix.masked_fill(~allowed, float("-inf"))
+    chain_v = [_expand(sv[:, :, :m], heads) for _, sv in kv[1:]]
+    chain = [(q * _expand(sk[:, :, :m], heads)).sum(-1, keepdim=True) * scale for sk, _ in kv[1:]]  # [b, H, m, 1]
+    weights = torch.softmax(torch.cat([prefix, *chain], dim=-1).float(), dim=-1).to(q.dtype)  # [b, H, m, n + t]
     o = torch.matmul(weights[..., :n], v0)
     for s, values in enumerate(chain_v):
         o = o + weights[..., n + s : n + s + 1] * values
@@ -339,8 +369,9 @@ class DraftDecoderLayer(nn.Module):
         self.gradient_checkpointing = False  # train.gradient_checkpointing: recompute TTT steps in backward
 
     def forward(self, attn_input, residual, cos, sin, cache: KVCache | None = None, step_kv=None, documents=None,
-                positions: torch.Tensor | None = None):
-        """positions [1, n] of the new entries (cached path; a sliding window reads them)."""
+                positions: torch.Tensor | None = None, anchors: torch.Tensor | None = None):
+        """positions [1, n] of the new entries (cached path; a sliding window reads them). anchors [m]: a TTT
+        step at those positions only (ttt_attention)."""
         if cache is not None:
             hidden = residual + self.self_attn.forward_cached(attn_input, cos, sin, cache, positions)
             return hidden + self.mlp(self.post_attention_layernorm(hidden))
@@ -349,16 +380,17 @@ class DraftDecoderLayer(nn.Module):
             from torch.utils.checkpoint import checkpoint
 
             # keeps only the layer's inputs per TTT step; its activations are recomputed in backward
-            out, k, v = checkpoint(self._ttt_step, attn_input, residual, cos, sin, documents, *flat, use_reentrant=False)
+            out, k, v = checkpoint(self._ttt_step, attn_input, residual, cos, sin, documents, anchors, *flat,
+                                   use_reentrant=False)
         else:
-            out, k, v = self._ttt_step(attn_input, residual, cos, sin, documents, *flat)
+            out, k, v = self._ttt_step(attn_input, residual, cos, sin, documents, anchors, *flat)
         step_kv.append((k, v))
         return out
 
-    def _ttt_step(self, attn_input, residual, cos, sin, documents, *flat):
+    def _ttt_step(self, attn_input, residual, cos, sin, documents, anchors, *flat):
         """One TTT step of the whole layer, pure (the earlier steps' k, v come flattened)."""
         prior = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
-        attn, k, v = self.self_attn.ttt(attn_input, cos, sin, prior, documents)
+        attn, k, v = self.self_attn.ttt(attn_input, cos, sin, prior, documents, anchors)
         hidden = residual + attn
         return hidden + self.mlp(self.post_attention_layernorm(hidden)), k, v
 

@@ -20,6 +20,7 @@ and predicts x_{j+2}; its label is the target's distribution at position j+1.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterator, Literal, Optional
 
@@ -92,6 +93,22 @@ class Eagle3Drafter(Drafter):
         # 1 = cross-entropy on the target's argmax, in between a mix (1-w) * KL + w * CE. Argmax labels
         # train what greedy verification checks; 0.5 and 1.0 tied on stories260K, greedy and at T = 1.
         hard_label_weight: float = 0.5
+        # Temperature of the soft labels: p = softmax(target_logits / label_temperature) over the draft
+        # vocabulary (1 = the target's own distribution; above 1 spreads the teacher's mass over its
+        # runners-up, below 1 sharpens it toward the argmax). The hard-label part is unchanged.
+        label_temperature: float = 1.0
+        # Start of the draft decoder layer: "random" (init_std), or "target": copied from target layer
+        # aux_layer_ids[-1] (the layer whose input the last aux feature is) with fc starting as a selector
+        # of that last aux feature, so the drafter starts as that target layer run on its own input
+        # (heads/layer_warm_start.py says how the 2h-wide q/k/v start: see layer_init_embed_half).
+        layer_init: Literal["random", "target"] = "random"
+        # layer_init=target: the embedding half of q/k/v starts at "zeros" or as a "copy" of the target's.
+        layer_init_embed_half: Literal["zeros", "copy"] = "zeros"
+        # Training-time test at a sample of anchor positions: unroll steps 1..ttt_steps-1 run (and take
+        # their loss) only at this fraction of the positions, drawn afresh for each batch; step 0 runs at
+        # every position (its keys are every later step's prefix). null: every position (the default).
+        # Steps >= 1 then cost about this fraction of their full cost (TorchSpec's sampled TTT anchors).
+        ttt_anchor_fraction: Optional[float] = None
         # Drop positions whose target argmax lies outside the draft vocabulary from the loss
         # (SpecForge); they can never be accepted, so their soft label only teaches a wrong mode.
         mask_out_of_vocab: bool = False
@@ -121,7 +138,8 @@ class Eagle3Drafter(Drafter):
             out = range_problems(self, {"ttt_steps": f">= 1 and <= {MAX_DRAFT_TOKENS}", "step_decay": "> 0 and <= 1", "draft_vocab_size": ">= 2",
                                         "num_heads": ">= 1", "num_kv_heads": ">= 1", "intermediate_size": ">= 1",
                                         "head_dim": ">= 2", "sliding_window": ">= 1", "aux_layer_ids": ">= 0", "hard_label_weight": ">= 0 and <= 1",
-                                        "init_std": "> 0", "feature_noise": ">= 0", "loss_chunk": ">= 1"})
+                                        "init_std": "> 0", "feature_noise": ">= 0", "loss_chunk": ">= 1",
+                                        "label_temperature": "> 0 and <= 100", "ttt_anchor_fraction": "> 0 and <= 1"})
             out += aux_layer_problems(self.aux_layer_ids) + layer_shape_problems(self)
             if self.freeze_lm_head and self.lm_head_init != "target":
                 out.append("drafter.freeze_lm_head needs drafter.lm_head_init=target (a frozen random head learns nothing)")
@@ -182,6 +200,14 @@ class Eagle3Drafter(Drafter):
             with torch.no_grad():
                 drafter.lm_head.weight.copy_(target.lm_head.weight[drafter.draft_ids()].float())
         drafter.lm_head.weight.requires_grad_(not cfg.freeze_lm_head)
+        if cfg.layer_init == "target":
+            from draftsmith.heads import layer_warm_start as warm
+
+            layer_id = min(aux[-1], target.num_layers - 1)
+            source = warm.target_layer(target, layer_id)
+            warm.copy_layer(drafter.midlayer, drafter.midlayer.hidden_norm, drafter.midlayer.input_layernorm, source,
+                            cfg.layer_init_embed_half, f"target layer {layer_id}")
+            warm.select_last(drafter.fc, len(aux))
         return drafter.to(device=target.device)
 
     @classmethod
@@ -201,16 +227,19 @@ class Eagle3Drafter(Drafter):
             aux = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
         return self.fc(aux)  # [b, s, n*h] -> [b, s, h]
 
-    def step(self, token_ids, hidden, positions, cache: KVCache | None = None, step_kv=None, documents=None):
+    def step(self, token_ids, hidden, positions, cache: KVCache | None = None, step_kv=None, documents=None,
+             anchors=None):
         """[b, n] tokens, [b, n, h] state, [b, n] positions -> [b, n, h] the state the next step reads.
-        documents: [b, s] document ids of a packed batch (TTT attention stays inside a document)."""
+        documents: [b, s] document ids of a packed batch (TTT attention stays inside a document);
+        anchors [n] (a TTT step at sampled positions): the positions these n entries stand at."""
         emb = self.embed_tokens[0](token_ids).to(hidden.dtype)  # [b, n] -> [b, n, h]
         layer = self.midlayer
         normed = layer.hidden_norm(hidden)
         attn_input = torch.cat([layer.input_layernorm(emb), normed], dim=-1)  # -> [b, n, 2h]
         residual = normed if self.cfg.norm_before_residual else hidden
         cos, sin = self.rotary(hidden, positions)
-        out = layer(attn_input, residual, cos, sin, cache=cache, step_kv=step_kv, documents=documents, positions=positions)
+        out = layer(attn_input, residual, cos, sin, cache=cache, step_kv=step_kv, documents=documents, positions=positions,
+                    anchors=anchors)
         return self.norm(out) if self.cfg.norm_output else out
 
     def logits(self, state: torch.Tensor) -> torch.Tensor:
@@ -218,13 +247,17 @@ class Eagle3Drafter(Drafter):
         return self.lm_head(state if self.cfg.norm_output else self.norm(state))
 
     # ------------------------------------------------------------------ training
-    def unroll(self, batch, steps: Optional[int] = None, states: bool = False) -> Iterator[tuple[int, torch.Tensor]]:
+    def unroll(self, batch, steps: Optional[int] = None, states: bool = False,
+               anchors: Optional[torch.Tensor] = None) -> Iterator[tuple[int, torch.Tensor]]:
         """The training-time-test unroll: yields (t, logits [b, s-1-t, dv]) for t = 0..steps-1, or
         with states=True (t, step state [b, s-1-t, h]) whose `logits` are those logits.
 
         Step t at index j reads (state_j of step t-1, x_{j+1+t}) at position j+t and predicts
         x_{j+2+t}; step 0's state is the fused target feature. The proposer runs the same steps
         one token at a time, so this is also the teacher-forced chain draft of every position.
+
+        anchors [m] (sorted indices j, ttt_anchor_fraction): steps t >= 1 run only at the anchors below
+        s-1-t (a prefix of them, `anchors_at(anchors, s, t)`), and yield [b, m_t, ...] in that order.
         """
         ids = batch["input_ids"]
         b, s = ids.shape
@@ -233,13 +266,22 @@ class Eagle3Drafter(Drafter):
             aux = aux + (torch.rand_like(aux) * 2 - 1) * self.cfg.feature_noise
         hidden = self.fuse(aux)  # [b, s, n*h] -> [b, s, h]
         step_kv: list = []
+        documents = packing.document_ids_of(batch)
         for t in range(steps or self.cfg.ttt_steps):
             n = s - 1 - t
             if n <= 0:
                 break
             positions = packing.positions(batch, n) + t  # [b, n] (per document when packed)
-            hidden = self.step(ids[:, 1 + t : 1 + t + n], hidden[:, :n], positions, step_kv=step_kv,
-                               documents=packing.document_ids_of(batch))
+            if anchors is not None and t > 0:
+                at = anchors_at(anchors, s, t)  # [m_t] the anchors this step still has labels for
+                if len(at) == 0:
+                    break
+                # step 1 reads step 0's state (every index) at the anchors; later steps the anchors' own prefix
+                hidden = self.step(ids[:, 1 + t + at], hidden[:, at] if t == 1 else hidden[:, :len(at)],
+                                   positions[:, at], step_kv=step_kv, documents=documents, anchors=at)
+            else:
+                hidden = self.step(ids[:, 1 + t : 1 + t + n], hidden[:, :n], positions, step_kv=step_kv,
+                                   documents=documents)
             yield t, hidden if states else self.logits(hidden)
 
     def forward_loss(self, batch) -> StepOutput:
@@ -262,7 +304,7 @@ class Eagle3Drafter(Drafter):
         draft_ids = self.draft_ids()  # [dv] target ids of the draft vocabulary
         target_logits = batch["target_logits"]  # [b, s, V], any dtype
         chunk = cfg.loss_chunk or s
-        p, target_top = vocab_loss.soft_labels(target_logits, draft_ids, chunk)  # 1. [b, s, dv] fp32, [b, s] target ids
+        p, target_top = vocab_loss.soft_labels(target_logits, draft_ids, chunk, cfg.label_temperature)  # 1. [b, s, dv] fp32, [b, s] ids
         draft_index = draft_index_of(draft_ids, len(self.t2d))  # [V] target id -> draft id, -1 outside
         in_vocab = draft_index[target_top] >= 0  # [b, s]
         hard = draft_index[target_top].clamp_min(0)  # [b, s] draft id of the argmax
@@ -271,14 +313,21 @@ class Eagle3Drafter(Drafter):
         total = p.new_zeros(())
         sums: dict[str, torch.Tensor] = {}
         num_tokens = int((mask[:, 2:] * packing.valid_labels(batch, 2, s - 1)).sum())  # packed: labels in j's document
-        for t, state in self.unroll(batch, states=True):  # 2.
+        anchors = sample_anchors(s - 1, cfg.ttt_anchor_fraction, ids.device) if self.training else None
+        for t, state in self.unroll(batch, states=True, anchors=anchors):  # 2.
             n = state.shape[1]
-            m = mask[:, 2 + t : 2 + t + n] * packing.valid_labels(batch, 2 + t, n)
-            labels = slice(1 + t, 1 + t + n)
+            scale = 1.0
+            if anchors is not None and t > 0:  # the anchors' labels only, scaled up to the whole step's weight
+                at = anchors_at(anchors, s, t)
+                m = mask[:, 2 + t + at] * _cols(packing.valid_labels(batch, 2 + t, s - 1 - t), at)
+                labels, scale = 1 + t + at, (s - 1 - t) / len(at)
+            else:
+                m = mask[:, 2 + t : 2 + t + n] * packing.valid_labels(batch, 2 + t, n)
+                labels = slice(1 + t, 1 + t + n)
             loss, hits = vocab_loss.chunked_loss(  # 3. [b, n] per position, summed under m, chunk by chunk
                 state, self.logits, p[:, labels], m, draft_ids, target_top[:, labels], chunk,
                 hard[:, labels], in_vocab[:, labels].float(), cfg.hard_label_weight, recompute=cfg.loss_chunk is not None)
-            total = total + (cfg.step_decay**t) * loss
+            total = total + (cfg.step_decay**t) * scale * loss
             sums[f"acc_{t}"] = hits
             sums[f"loss_{t}"] = loss.detach()
             sums[f"tokens_{t}"] = m.sum()
@@ -293,6 +342,24 @@ class Eagle3Drafter(Drafter):
     # ------------------------------------------------------------------ inference
     def make_proposer(self, target) -> "Eagle3Proposer":
         return Eagle3Proposer(self, target)
+
+
+def sample_anchors(n: int, fraction: Optional[float], device) -> Optional[torch.Tensor]:
+    """[m] sorted random indices of 0..n-1, m = ceil(fraction * n) (None: every index, no sampling)."""
+    if fraction is None or fraction >= 1.0 or n <= 0:
+        return None
+    m = max(1, math.ceil(fraction * n))
+    return torch.randperm(n, device=device)[:m].sort().values
+
+
+def anchors_at(anchors: torch.Tensor, s: int, t: int) -> torch.Tensor:
+    """The anchors unroll step t of a length-s row still has: those below s - 1 - t (a prefix: sorted)."""
+    return anchors[: int((anchors < s - 1 - t).sum())]
+
+
+def _cols(values, at: torch.Tensor):
+    """values [b, n] at columns `at`, or a scalar as it is (valid_labels of an unpacked batch)."""
+    return values[:, at] if torch.is_tensor(values) else values
 
 
 class Eagle3Proposer(FeatureChainProposer):

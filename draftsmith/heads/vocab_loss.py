@@ -28,17 +28,20 @@ from torch.utils.checkpoint import checkpoint
 DEFAULT_CHUNK = 1024
 
 
-def soft_labels(target_logits: torch.Tensor, draft_ids: torch.Tensor, chunk: int = DEFAULT_CHUNK):
+def soft_labels(target_logits: torch.Tensor, draft_ids: torch.Tensor, chunk: int = DEFAULT_CHUNK,
+                temperature: float = 1.0):
     """[b, s, V] target logits (any dtype) -> (p [b, s, dv] fp32 softmax over the draft vocabulary,
     top [b, s] the target's argmax over the FULL vocabulary, as target ids). No [b, s, V] fp32 copy:
-    the draft columns are gathered in the logits' own dtype, one sequence chunk at a time."""
+    the draft columns are gathered in the logits' own dtype, one sequence chunk at a time.
+    temperature: p = softmax(logits / temperature) (the argmax does not depend on it)."""
     b, s, _ = target_logits.shape
     p = torch.empty(b, s, len(draft_ids), dtype=torch.float32, device=target_logits.device)
     top = torch.empty(b, s, dtype=torch.long, device=target_logits.device)
     with torch.no_grad():
         for a in range(0, s, chunk):
             part = target_logits[:, a : a + chunk]  # [b, c, V] (a view)
-            p[:, a : a + chunk] = torch.softmax(part[..., draft_ids].float(), dim=-1)  # [b, c, V] -> [b, c, dv]
+            logits = part[..., draft_ids].float()  # [b, c, V] -> [b, c, dv]
+            p[:, a : a + chunk] = torch.softmax(logits if temperature == 1.0 else logits / temperature, dim=-1)
             top[:, a : a + chunk] = part.argmax(-1)
     return p, top
 

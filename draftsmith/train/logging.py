@@ -4,7 +4,9 @@ bar with ETA runs on rank 0 when logging.progress_bar is true and stderr is a te
 
 Logged every train.log_every steps: loss, acc_i / loss_i (per position), lr, grad_norm,
 tokens_per_s (per device), tokens_per_s_total (all ranks), target_share (share of the step
-spent in the target forward; the rest is the drafter's forward + backward), epoch.
+spent in the target forward; the rest is the drafter's forward + backward), epoch, tokens_seen
+(training tokens so far, padding excluded, all ranks). Every held-out evaluation (train.eval_every)
+is logged, with eval_loss and eval_acc_i: `draftsmith plan RUN` fits its learning curve to them.
 """
 from __future__ import annotations
 

@@ -226,6 +226,7 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(tc, self.total_steps))
         self.autocast = autocast_for(tc.precision, self.ctx.device)
         self.step = 0
+        self.tokens_seen = 0.0  # training tokens (padding excluded, all ranks) so far: the learning curve's x
         self.losses: list[float] = []
         self.logger = MetricsLogger(cfg.logging, self.output_dir, config_mod.to_dict(cfg), self.ctx.rank)
 
@@ -261,7 +262,7 @@ class Trainer:
         return {"step": self.step, "optimizer": self.ctx.optimizer_state_dict(self.drafter, self.optimizer),
                 "scheduler": self.scheduler.state_dict(), "data": self.stream.state_dict(), "rng": rng[0],
                 "rng_per_rank": rng, "world_size": self.ctx.world_size, "backend": self.ctx.backend,
-                "losses": list(self.losses), "lr": self.cfg.train.lr,
+                "losses": list(self.losses), "lr": self.cfg.train.lr, "tokens_seen": self.tokens_seen,
                 "grad_scaler": self.scaler.state_dict() if self.scaler is not None else None}
 
     def resume_from(self, path: Path) -> None:
@@ -278,6 +279,7 @@ class Trainer:
         self.stream.load_state_dict(state["data"])
         checkpoint.set_rng_state(state.get("rng_per_rank", [state["rng"]])[self.ctx.rank], f"{path}/trainer_state.pt")
         self.step, self.losses = state["step"], list(state["losses"])
+        self.tokens_seen = float(state.get("tokens_seen", 0.0))  # 0 for a checkpoint from before it was kept
         if self.scaler is not None and state.get("grad_scaler"):
             self.scaler.load_state_dict(state["grad_scaler"])
         self._apply_lr(path, state)
@@ -362,11 +364,13 @@ class Trainer:
         grad_norm = self.ctx.optimizer_step(self.optimizer, self.drafter.trainable_parameters(),  # 2. + 3.
                                             global_tokens, tc.max_grad_norm, self.scaler)
         self.scheduler.step()
+        self.tokens_seen += global_seen
         elapsed = t_target + t_drafter
         return {"loss": loss_total / max(global_tokens, 1.0), **sums, "lr": self.scheduler.get_last_lr()[0],
                 "grad_norm": grad_norm, "tokens_per_s": seen_tokens / max(elapsed, 1e-9),  # per device
                 "tokens_per_s_total": global_seen / max(elapsed, 1e-9),
-                "target_share": t_target / max(elapsed, 1e-9), "epoch": self.stream.epoch}
+                "target_share": t_target / max(elapsed, 1e-9), "epoch": self.stream.epoch,
+                "tokens_seen": self.tokens_seen}
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -417,18 +421,26 @@ class Trainer:
             log_now = self.step % max(1, tc.log_every) == 0 or self.step == self.total_steps
             save_now = tc.save_every and self.step % tc.save_every == 0
             stop_now = stop_after is not None and self.step >= stop_after
+            eval_now = bool(tc.eval_every and self.heldout is not None and len(self.heldout)
+                            and self.step % tc.eval_every == 0)
             metrics = {}
-            if log_now or save_now or stop_now:  # the one host read of these steps' metrics
+            if log_now or save_now or stop_now or eval_now:  # the one host read of these steps' metrics
                 host = to_host(pending)
                 pending = []
                 self._check_finite(host)  # before anything of these steps is logged or saved
                 self.losses.extend(m["loss"] for m in host)
                 metrics = host[-1]
             self.logger.advance(metrics)
-            if tc.eval_every and self.heldout is not None and len(self.heldout) and self.step % tc.eval_every == 0:
+            if eval_now:
                 metrics.update(self.evaluate())
-            if log_now:
+            if log_now or eval_now:  # a held-out evaluation is always logged (the learning curve reads it)
                 self.logger.log(self.step, metrics)
+            if eval_now and self.ctx.is_main:
+                from draftsmith.report.learning_curve import train_line
+
+                line = train_line(self.output_dir)  # `draftsmith plan RUN`'s one line, once 4 evaluations exist
+                if line:
+                    self.logger.info(line)
             if tc.save_every and self.step % tc.save_every == 0 and self.step < self.total_steps:
                 self.save(f"{checkpoint.STEP_PREFIX}{self.step:07d}")
             if stop_after is not None and self.step >= stop_after:

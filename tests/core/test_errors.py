@@ -116,7 +116,9 @@ def test_draftsmith_raises_no_bare_value_error_for_user_input():
                     getattr(node.exc.func, "id", None) == "ValueError":
                 found.add(str(file.relative_to(root)))
     # registries refusing a name registered twice (core/registry.py and export's engine_versions and
-    # engine_gaps tables), the loop's rollback, the vocabulary loss's shapes, packing and streaming
-    # invariants, the testing helpers' own arguments
-    assert found == {"core/registry.py", "export/engine_versions.py", "export/engine_gaps.py", "eval/loop.py",
-                     "heads/vocab_loss.py", "data/dataset.py", "data/streaming.py", "testing/__init__.py"}
+    # REFUSED tables, export/layout.py), the loop's rollback and the hybrid state rollback mode (a LoopConfig
+    # field, no flag), the vocabulary loss's shapes, packing and streaming invariants, the testing helpers' own
+    # arguments
+    assert found == {"core/registry.py", "export/engine_versions.py", "export/layout.py", "eval/loop.py",
+                     "targets/state_cache.py", "heads/vocab_loss.py", "data/dataset.py", "data/streaming.py",
+                     "testing/__init__.py"}

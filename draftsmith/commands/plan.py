@@ -1,0 +1,78 @@
+"""`draftsmith plan RUN [--goal-tau T] [--k K]`: the run's learning curve (held-out acceptance per draft
+position against training tokens, from RUN/metrics.jsonl), tau and speedup per k, and how many more
+tokens and hours a tau goal needs (draftsmith/report/learning_curve.py has the model).
+
+    draftsmith plan runs/eagle3-stories260k
+    draftsmith plan runs/eagle3-stories260k --goal-tau 2.5 --k 3
+    draftsmith plan runs/NAME --upto-tokens 250000      # fit the first part of a run only
+
+The speedup column needs costs: RUN/speedup_profile.json or RUN/final/speedup_profile.json
+(`draftsmith profile RUN/final`), read at batch 1 for its first workload.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from draftsmith.core.errors import UserError
+from draftsmith.core.bounds import check_draft_tokens
+
+
+def add_arguments(p) -> None:
+    p.add_argument("run", help="a training run directory (train.output_dir) holding metrics.jsonl")
+    p.add_argument("--goal-tau", type=float, default=None, help="the acceptance length wanted (tau, 1..k+1)")
+    p.add_argument("--k", type=int, default=None, help="draft tokens per round for the goal (default: 3, or the "
+                                                       "profile's recommended k)")
+    p.add_argument("--upto-tokens", type=float, default=None,
+                   help="fit only the evaluations at or below this many tokens seen, and print the fit's prediction "
+                        "against the run's last evaluation (to check a prediction)")
+
+
+def main(args) -> int:
+    from draftsmith.report import learning_curve as lc
+
+    run = Path(args.run)
+    if args.k is not None:
+        check_draft_tokens(args.k, "--k")
+    if args.goal_tau is not None and not args.goal_tau >= 1:
+        raise UserError(f"--goal-tau {args.goal_tau}: must be >= 1 (tau counts the committed tokens per round)")
+    points, speed = lc.read_points(run)
+    later = []
+    if args.upto_tokens is not None:
+        later = [p for p in points if p.tokens > args.upto_tokens]
+        points = [p for p in points if p.tokens <= args.upto_tokens]
+    speedup_at, k_default = _profile_speedup(run)
+    k = args.k or k_default or 3
+    if args.goal_tau is not None and args.goal_tau > k + 1:
+        raise UserError(f"--goal-tau {args.goal_tau:g}: above k + 1 = {k + 1}, the most tau a round of k={k} can commit")
+    plan = lc.make_plan(points, speed, sorted({1, 2, 3, 4, 5, k}), args.goal_tau, k, speedup_at, where=str(run))
+    print(lc.report(plan))
+    for line in lc.check_lines(plan, later):
+        print(line)
+    return 0
+
+
+def _profile_speedup(run: Path):
+    """(speedup_at(acceptance, k) at batch 1 from the run's speedup profile, its recommended k), or (None, None)."""
+    from draftsmith.checkpoint import read_speedup_profile
+    from draftsmith.eval import profile as profile_mod
+
+    for where in (run, run / "final"):
+        profile = read_speedup_profile(where) if where.is_dir() else None
+        if not profile:
+            continue
+        try:
+            name, acc = next(iter(profile["acceptance"].items()))
+            context = profile["recommendation"][name]["context"]
+            table = profile["verify_cost"]
+            k_max = int(profile["settings"]["k_max"])
+        except (KeyError, TypeError, StopIteration, ValueError) as exc:
+            raise UserError(f"{where}/speedup_profile.json: no acceptance / verify_cost / recommendation to read "
+                            f"({exc!r:.60}); rerun `draftsmith profile`") from None
+
+        def speedup_at(acceptance, k):
+            if k > k_max:  # the profile measured verification widths up to k_max + 1 only
+                return float("nan")
+            return profile_mod.predict({**acc, "per_position": acceptance}, table, 1, k, context)["speedup"]
+
+        return speedup_at, profile.get("recommended_num_speculative_tokens") or None
+    return None, None

@@ -1,0 +1,74 @@
+"""Warm start of a draft decoder layer from one of the target's decoder layers (drafter.layer_init=target).
+
+A draft layer whose attention reads [norm(embed(x)) ; norm(hidden)] (2h inputs, EAGLE-3) takes the
+target layer's weights as follows:
+  - q/k/v_proj [out, 2h]: the hidden half (columns h..2h) is the target's [out, h] projection; the
+    embedding half (columns 0..h) is zeros (embed_half="zeros": the layer starts as the target layer
+    applied to the hidden state, and learns what the next token adds) or the same copy
+    (embed_half="copy": both halves read like the target's input);
+  - o_proj, the MLP (gate/up/down) and post_attention_layernorm: copied;
+  - the target's input_layernorm weight: copied into both norms in front of the attention
+    (hidden_norm and input_layernorm).
+The target layer must have the draft layer's shape (drafter.num_heads / num_kv_heads / head_dim /
+intermediate_size left at the target's); otherwise one line says which option to drop.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from draftsmith.core.errors import UserError
+
+COPIED = ("self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+          "post_attention_layernorm.weight")
+SPLIT = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
+
+
+def target_layer(target, layer_id: int) -> nn.Module:
+    """The target's decoder layer `layer_id` (0-based)."""
+    try:
+        layers = target.model.get_decoder().layers
+    except AttributeError:
+        raise UserError(f"drafter.layer_init=target: {target.name} has no decoder `layers` list to copy from; "
+                        "use drafter.layer_init=random") from None
+    if not 0 <= layer_id < len(layers):
+        raise UserError(f"drafter.layer_init=target: layer {layer_id} is not one of the target's {len(layers)} layers")
+    return layers[layer_id]
+
+
+@torch.no_grad()
+def copy_layer(draft_layer: nn.Module, hidden_norm: nn.Module, input_norm: nn.Module, source: nn.Module,
+               embed_half: str, where: str) -> None:
+    """Copy `source` (a target decoder layer) into a 2h-input draft layer as the module docstring says."""
+    src = source.state_dict()
+    dst = draft_layer.state_dict()
+    for name in (*COPIED, *SPLIT, "input_layernorm.weight"):
+        if name not in src:
+            raise UserError(f"drafter.layer_init=target: {where} has no {name} (not a Llama-style layer); "
+                            "use drafter.layer_init=random")
+    for name in COPIED:
+        if dst[name].shape != src[name].shape:
+            raise UserError(f"drafter.layer_init=target: {where}'s {name} is {tuple(src[name].shape)}, the draft layer's "
+                            f"{tuple(dst[name].shape)}; leave drafter.num_heads / num_kv_heads / head_dim / "
+                            "intermediate_size at the target's, or use drafter.layer_init=random")
+        dst[name].copy_(src[name].to(dst[name].dtype))
+    for name in SPLIT:
+        w = dst[name]
+        h = src[name].shape[1]
+        if w.shape != (src[name].shape[0], 2 * h):
+            raise UserError(f"drafter.layer_init=target: {where}'s {name} is {tuple(src[name].shape)}, the draft layer's "
+                            f"{tuple(w.shape)} (expected [out, 2 x {h}]); leave the draft layer's shape at the target's")
+        copy = src[name].to(w.dtype)
+        w[:, h:].copy_(copy)
+        w[:, :h].copy_(copy if embed_half == "copy" else torch.zeros_like(copy))
+    norm = src["input_layernorm.weight"]
+    hidden_norm.weight.copy_(norm.to(hidden_norm.weight.dtype))
+    input_norm.weight.copy_(norm.to(input_norm.weight.dtype))
+
+
+@torch.no_grad()
+def select_last(fc: nn.Linear, num_aux: int) -> None:
+    """fc [h, n*h] as a selector of the last aux layer's hidden state: zeros, the identity in the last block."""
+    h = fc.weight.shape[0]
+    fc.weight.zero_()
+    fc.weight[:, (num_aux - 1) * h :].copy_(torch.eye(h, dtype=fc.weight.dtype))
