@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from draftsmith.core.errors import UserError
 from draftsmith.core.bounds import check_draft_tokens
+from draftsmith.core.errors import UserError
 
 
 def add_arguments(p) -> None:

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from golden_exports import collect
 
 GOLDEN = Path(__file__).resolve().parent / "golden_exports.json"

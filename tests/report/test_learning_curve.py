@@ -9,7 +9,6 @@ import math
 
 import pytest
 
-from draftsmith.core.errors import UserError
 from draftsmith.report import learning_curve as lc
 from draftsmith.report.speedup_model import expected_tau
 from tests.conftest import STORIES, refused_in_one_line, shared_path
