@@ -123,12 +123,37 @@ ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 
 @dataclass(frozen=True)
 class TargetClass:
-    """One engine release's model class for targets of one HF model_type, and the drafter kinds it can serve."""
+    """One engine release's model class for targets of one HF model_type, and what it has that drafters need (the
+    engine's own names: an interface, a capture method), as read from the engine's code."""
 
     cls: str  # the engine's model class (as its registry names it)
     source: str  # the file it was read from, inside that release
-    kinds: frozenset  # the drafter kinds it can serve
-    why: str = ""  # the gap in its own words, where it is not the table's `needs` (a class that cannot load the target)
+    has: frozenset  # the interfaces / methods it implements that a drafter kind may need (Need)
+    why: str = ""  # the gap in its own words, where it is not the kind's Need (a class that cannot load the target)
+
+
+@dataclass(frozen=True)
+class Need:
+    """What a target's model class must have to serve one drafter kind: every name in all_of, and one of any_of
+    (when given); `what` says it in the engine's words, with the file that checks it."""
+
+    what: str
+    all_of: frozenset = frozenset()
+    any_of: frozenset = frozenset()
+
+    def met(self, has: frozenset) -> bool:
+        return self.all_of <= has and (not self.any_of or bool(self.any_of & has))
+
+
+def aux_state_need(need: Need):
+    """A table's needs for an engine where exactly the kinds that read the target's aux hidden states (their class
+    facts: required_features) need `need`, and the others need nothing of the target's model class."""
+    def needs(kind: str) -> Need | None:
+        from draftsmith.heads import DRAFTERS
+
+        return need if "aux_hidden_states" in DRAFTERS.get(kind).required_features else None
+
+    return needs
 
 
 class TargetTable:
@@ -136,9 +161,9 @@ class TargetTable:
     format, registered by the engine's own folder (export/<engine>/targets.py) and read by can_export. Targets the
     table does not list (the attention-only families) get no refusal from it."""
 
-    def __init__(self, fmt: str, engine: str, registry: str, releases: tuple[str, ...], needs: dict[str, str]):
+    def __init__(self, fmt: str, engine: str, registry: str, releases: tuple[str, ...], needs):
         self.fmt, self.engine, self.registry, self.releases = fmt, engine, registry, releases
-        self.needs = needs  # kind -> what the target's model class must have for it, and the engine file that checks
+        self.needs = needs  # kind -> its Need of the target's model class (None: it needs nothing of it)
         self._rows: dict[str, dict[str, TargetClass | None]] = {}
 
     def register(self, model_types: tuple[str, ...], rows: dict[str, TargetClass | None]) -> None:
@@ -157,7 +182,10 @@ class TargetTable:
     def serves(self, model_type: str, release: str, kind: str) -> bool:
         row = self._rows.get(model_type)
         target = row.get(release) if row is not None else None
-        return row is None or (target is not None and kind in target.kinds)
+        if row is None:
+            return True
+        need = self.needs(kind)
+        return target is not None and not target.why and (need is None or need.met(target.has))
 
     def refusals(self, target_config, kind: str, version: str | None) -> list[str]:
         """One line naming the gap when release `version` (None: the newest read) cannot serve a `kind` drafter for
@@ -174,7 +202,7 @@ class TargetTable:
                    f"serves no {kind} drafters for it")
         else:
             gap = (f"{self.engine} {release} cannot serve {kind} drafters for a {model_type} target: its {target.cls} "
-                   f"({target.source}) " + (target.why or f"lacks {self.needs[kind]}"))
+                   f"({target.source}) " + (target.why or f"lacks {self.needs(kind).what}"))
         others = [r for r in self.releases if r != release and self.serves(model_type, r, kind)
                   and (r not in versions(self.fmt) or serving(self.fmt, r, kind).served)]
         fix = (f"{self.engine} {others[-1]} does: pass --engine-version {others[-1]}" if others

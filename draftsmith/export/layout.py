@@ -346,8 +346,8 @@ def num_tokens(loaded, opts: ExportOptions, default: int) -> int:
         k, name = opts.num_speculative_tokens, "--num-speculative-tokens"
     else:
         k = default
-        trained = loaded.drafter.tokens_per_round(loaded.drafter.cfg)
-        name = ("the drafter's trained tokens per round (the default of --num-speculative-tokens)" if trained == default
+        trained, option = loaded.drafter.tokens_per_round(loaded.drafter.cfg), loaded.drafter.tokens_per_round_option
+        name = (f"drafter.{option} (the default of --num-speculative-tokens)" if option and trained == default
                 else "the drafter's default k (--num-speculative-tokens)")
     return check_draft_tokens(k, name, loaded.target.config)
 

@@ -163,6 +163,9 @@ class Drafter(nn.Module):
         blocks += 1 if required & {"last_hidden_state", "target_logits"} else 0
         return blocks * target.hidden_size
 
+    # The option tokens_per_round returns as it is (EAGLE-3's ttt_steps), for messages that name it; None: none does.
+    tokens_per_round_option: ClassVar[str | None] = None
+
     @classmethod
     def tokens_per_round(cls, cfg) -> int | None:
         """The draft tokens one round was trained for, where the kind has such a number (EAGLE-3: its TTT steps; a

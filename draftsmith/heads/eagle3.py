@@ -171,6 +171,8 @@ class Eagle3Drafter(Drafter):
                     nn.init.normal_(module.weight, std=init_std_for(module.in_features, cfg.init_std, cfg.init_fan_in_cap))
 
     # ------------------------------------------------------------------ construction
+    tokens_per_round_option = "ttt_steps"
+
     @classmethod
     def attention_window(cls, cfg) -> int | None:
         return cfg.sliding_window

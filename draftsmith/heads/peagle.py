@@ -104,6 +104,8 @@ class PEagleDrafter(Drafter):
         return self.cfg.num_depths
 
     # ------------------------------------------------------------------ construction
+    tokens_per_round_option = "num_depths"
+
     @classmethod
     def attention_window(cls, cfg) -> int | None:
         return cfg.sliding_window

@@ -16,9 +16,16 @@ from draftsmith.export.llamacpp.tools import LlamaCppMissing, find_llama_cpp
 
 
 def fake_loaded(kind="eagle3", model_type="llama", aux=(1, 2, 4), act="silu", **cfg):
-    options = {"fc_norm": False, "norm_output": False, "norm_before_residual": False, "ttt_steps": 3, **cfg}
-    drafter = SimpleNamespace(kind=kind, aux_layer_ids=list(aux), cfg=SimpleNamespace(**options),
-                              layer_config=SimpleNamespace(hidden_act=act))
+    """A loaded drafter without weights: the kind's typed Config and its class facts (what the gates ask)."""
+    from draftsmith import config as config_mod
+    from draftsmith.heads import DRAFTERS
+
+    cls = DRAFTERS.get(kind)
+    typed, problems, _ = config_mod.typed_drafter_options(kind, {"ttt_steps": 3, **cfg} if kind == "eagle3" else cfg)
+    assert not problems, problems
+    drafter = SimpleNamespace(kind=kind, aux_layer_ids=list(aux), cfg=typed, layer_config=SimpleNamespace(hidden_act=act),
+                              attention_window=cls.attention_window, eagle31_norms=cls.eagle31_norms,
+                              tokens_per_round=cls.tokens_per_round)
     return SimpleNamespace(drafter=drafter, target=SimpleNamespace(config=SimpleNamespace(model_type=model_type)))
 
 

@@ -18,15 +18,15 @@ spec_metadata.maybe_capture_hidden_states(layer_idx, ...) for EAGLE-3 to get its
 """
 from __future__ import annotations
 
-from draftsmith.export.engine_versions import TARGETS, TargetClass, TargetTable
+from draftsmith.export.engine_versions import TARGETS, Need, TargetClass, TargetTable, aux_state_need
 
 M = "tensorrt_llm/_torch/models/"
 SNAPSHOT = "main (2026-12 snapshot)"
-EAGLE3 = frozenset({"eagle3"})
+EAGLE3 = frozenset({"maybe_capture_hidden_states"})  # its decoder layers capture the aux hidden states
 NONE = frozenset()
-TABLE = TargetTable("trtllm", "TensorRT-LLM", f"{M}: no register_auto_model for it", (SNAPSHOT,), needs={
-    "eagle3": "a decoder layer that calls spec_metadata.maybe_capture_hidden_states, the one source of EAGLE-3's "
-              "aux hidden states (tensorrt_llm/_torch/speculative/eagle3.py)"})
+TABLE = TargetTable("trtllm", "TensorRT-LLM", f"{M}: no register_auto_model for it", (SNAPSHOT,), needs=aux_state_need(
+    Need("a decoder layer that calls spec_metadata.maybe_capture_hidden_states, the one source of EAGLE-3's aux hidden "
+         "states (tensorrt_llm/_torch/speculative/eagle3.py)", all_of=EAGLE3)))
 TARGETS["trtllm"] = TABLE
 
 

@@ -15,25 +15,23 @@ Qwen3VLForConditionalGeneration). The keys are HF model_types: a real Qwen3.5 ch
 """
 from __future__ import annotations
 
-from draftsmith.export.engine_versions import RELEASES, TARGETS, TargetClass, TargetTable
+from draftsmith.export.engine_versions import RELEASES, TARGETS, Need, TargetClass, TargetTable, aux_state_need
 
-ALL = frozenset({"eagle3", "peagle", "dflash", "dspark", "eagle1", "medusa", "mlp_speculator"})
-LAST_STATE_ONLY = frozenset({"eagle1", "medusa", "mlp_speculator"})  # no aux hidden states needed
-_AUX = ("SupportsEagle3 (set_aux_hidden_state_layers), the one source of the aux hidden states it reads "
-        "(v1/worker/gpu_model_runner.py: \"Model does not support EAGLE3 interface\")")
+AUX = frozenset({"SupportsEagle3"})  # the interface whose set_aux_hidden_state_layers captures the aux hidden states
+_AUX = Need("SupportsEagle3 (set_aux_hidden_state_layers), the one source of the aux hidden states it reads "
+            "(v1/worker/gpu_model_runner.py: \"Model does not support EAGLE3 interface\")", all_of=AUX)
 M = "model_executor/models/"
 
 
 def _aux(cls: str, file: str) -> TargetClass:
-    return TargetClass(cls, M + file, ALL)
+    return TargetClass(cls, M + file, AUX)
 
 
 def _last(cls: str, file: str) -> TargetClass:
-    return TargetClass(cls, M + file, LAST_STATE_ONLY)
+    return TargetClass(cls, M + file, frozenset())  # the last hidden state only: EAGLE-1, Medusa, MLP
 
 
-TABLE = TargetTable("vllm", "vLLM", M + "registry.py", RELEASES["vllm"],
-                    needs=dict.fromkeys(ALL - LAST_STATE_ONLY, _AUX))
+TABLE = TargetTable("vllm", "vLLM", M + "registry.py", RELEASES["vllm"], needs=aux_state_need(_AUX))
 TARGETS["vllm"] = TABLE
 
 _QWEN3_NEXT = _aux("Qwen3NextForCausalLM", "qwen3_next.py")
@@ -59,8 +57,8 @@ TABLE.register(("granitemoehybrid",), dict.fromkeys(RELEASES["vllm"], _last("Gra
 # CUDA class (nvidia/model.py) implements SupportsEagle3, the ROCm / XPU one (amd/linear.py) does not.
 TABLE.register(("kimi_linear",), {
     "0.9.2": None, "0.20.0": _last("KimiLinearForCausalLM", "kimi_linear.py"),
-    "0.27.0": TargetClass("KimiLinearForCausalLM", "models/kimi_k3/nvidia/model.py", LAST_STATE_ONLY),
-    "0.33.0": TargetClass("KimiLinearForCausalLM", "models/kimi_k3/nvidia/model.py (CUDA only)", ALL)})
+    "0.27.0": TargetClass("KimiLinearForCausalLM", "models/kimi_k3/nvidia/model.py", frozenset()),
+    "0.33.0": TargetClass("KimiLinearForCausalLM", "models/kimi_k3/nvidia/model.py (CUDA only)", AUX)})
 TABLE.register(("gemma3",), dict.fromkeys(RELEASES["vllm"], _last("Gemma3ForConditionalGeneration", "gemma3_mm.py")))
 TABLE.register(("qwen2_5_vl",), {"0.9.2": _last("Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl.py"),
                                  **dict.fromkeys(("0.20.0", "0.27.0", "0.33.0"),
