@@ -49,6 +49,7 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
+    from draftsmith.core.files import refuse_special_file
     from draftsmith.export import EXPORTERS
     from draftsmith.export.api import export
 
@@ -58,6 +59,8 @@ def main(args) -> int:
                          dspark_draft_topk=args.dspark_draft_topk, target_gguf=args.target_gguf,
                          gguf_type=args.gguf_type)
     try:
+        if args.target_gguf:
+            refuse_special_file(args.target_gguf, "--target-gguf")
         result = export(args.checkpoint, args.to, args.out, opts, validate=not args.no_validate,
                         overwrite=args.overwrite, trust_remote_code=args.trust_remote_code)
     except (ExportValidationError, FileExistsError, FileNotFoundError, ValueError, OSError) as exc:

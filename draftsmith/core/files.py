@@ -59,6 +59,17 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
+def refuse_special_file(path: str | Path, what: str) -> None:
+    """A path that exists but is not a regular file (a FIFO, a device, a directory; a link is followed) is
+    one line saying what it is; a missing path passes (the caller says "no such file")."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{what} {path}: is {file_kind(st.st_mode)}, not a regular file; give the path of the file itself")
+
+
 def read_received_bytes(path: str | Path, what: str, limit: int = MAX_JSON_BYTES) -> bytes:
     """The bytes of a received file, which must be a regular file of at most `limit` bytes (a link to
     /dev/zero or a FIFO is one line naming the file, never a hang or a MemoryError)."""
@@ -135,8 +146,14 @@ def _bad(path: Path, why: str) -> UserError:
 def check_safetensors(path: str | Path) -> dict:
     """The header of a safetensors file, checked against the bytes on disk; raises UserError."""
     path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # O_NONBLOCK: opening a FIFO does not wait for a writer
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # a FIFO hung eval and export; /dev/zero has no size to check
+        os.close(fd)
+        raise UserError(f"{path}: is {file_kind(st.st_mode)}, not a regular file; weights must be a plain "
+                        "safetensors file: replace it with the real file")
+    size = st.st_size
+    with os.fdopen(fd, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
             raise _bad(path, f"only {size} bytes (a safetensors file starts with an 8-byte header length)")

@@ -25,6 +25,7 @@ from huggingface_hub.errors import StrictDataclassError
 from torch import nn
 
 from draftsmith.core.errors import UserError
+from draftsmith.core.files import refuse_special_file
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "assets"  # draftsmith/assets
 GGUF_SUFFIX = ".gguf"
@@ -79,10 +80,12 @@ def locate(path: str, gguf_file: str | None = None) -> tuple[str, str | None]:
         if gguf_file:
             raise UserError(f"target.gguf_file {gguf_file!r}: target.path {path!r} already names a GGUF file; "
                              "drop one of them")
+        refuse_special_file(p, "target path")
         if not p.is_file():
             raise FileNotFoundError(f"target path {path!r}: no such GGUF file{_install_hint(p.name)}")
         return str(p.parent), p.name
     if gguf_file:
+        refuse_special_file(p / gguf_file, "target.gguf_file")
         if not (p / gguf_file).is_file():
             raise FileNotFoundError(f"target.gguf_file {gguf_file!r}: no such file in {local}{_install_hint(gguf_file)}")
         return str(p), gguf_file
@@ -341,7 +344,7 @@ def load(path: str, dtype: str = "float32", device: str = "auto", revision: str 
             **gguf_model_kwargs(gguf_name)
         )
     except StrictDataclassError as exc:  # a config.json value of the wrong type (transformers 5 checks them)
-        raise config_json_error(local, exc) from exc
+        raise config_json_error(local, exc, gguf_name) from exc
     except (OSError, ValueError) as exc:
         if Path(local).expanduser().is_dir():
             raise
@@ -404,9 +407,13 @@ def check_config_json(local: str) -> None:
         raise UserError(f"{file}: a JSON {type(data).__name__}, expected an object; restore the target's config.json")
 
 
-def config_json_error(local: str, exc: Exception) -> UserError:
-    """One line naming the target's config.json and its bad field (huggingface_hub's StrictDataclassError)."""
+def config_json_error(local: str, exc: Exception, gguf_name: str | None = None) -> UserError:
+    """One line naming the target's config.json and its bad field (huggingface_hub's StrictDataclassError);
+    for a GGUF target the .gguf file, whose metadata the config came from (it has no config.json)."""
     detail = " ".join(str(exc).split())[:300]
+    if gguf_name:
+        return UserError(f"{Path(local) / gguf_name}: its metadata gives a bad config value ({detail}); the GGUF "
+                         "file is damaged: download or convert it again")
     return UserError(f"{Path(local) / 'config.json'}: {detail}; fix that value in the target's config.json")
 
 
