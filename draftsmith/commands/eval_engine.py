@@ -79,6 +79,7 @@ def apply_engine_rules(drafter) -> dict:
 
 def check_engine_args(args) -> None:
     from draftsmith.core.errors import UserError
+    from draftsmith.core.files import refuse_special_file
 
     problems = [(not args.path, "--engine llama.cpp needs a checkpoint PATH (the drafter to serve)"),
                 (args.temperature != 0, f"--engine llama.cpp compares greedy decoding; drop --temperature {args.temperature}"),
@@ -94,6 +95,8 @@ def check_engine_args(args) -> None:
     for bad, message in problems:
         if bad:
             raise UserError(message)
+    if args.target_gguf:  # a FIFO, device or directory was called "no such file"
+        refuse_special_file(args.target_gguf, "--target-gguf")
 
 
 def engine_files(args, loaded, work: Path) -> dict:

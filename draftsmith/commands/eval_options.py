@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from draftsmith.core.errors import UserError
-from draftsmith.core.files import check_output_file, refuse_special_file
+from draftsmith.core.files import check_output_file
 from draftsmith.core.flags import add_flags, flag, from_namespace
 from draftsmith.eval.proposers import PROPOSERS
 from draftsmith.eval.workloads import GROUPS, PROMPT_FORMATS, WORKLOADS
@@ -162,8 +162,6 @@ def check_args(args: EvalOptions) -> None:
             raise UserError(message)
     bounds.check_count(args.repeats, "--repeats", bounds.MAX_REPEATS, minimum=3)
     bounds.check_count(args.warmup, "--warmup", bounds.MAX_REPEATS, minimum=0)
-    if args.target_gguf:
-        refuse_special_file(args.target_gguf, "--target-gguf")
     if args.tree:
         bounds.check_tree(args.tree_depth, args.tree_topk, args.verify_budget)
     elif args.k == 0:

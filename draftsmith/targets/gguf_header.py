@@ -91,9 +91,11 @@ class _Reader:
         if inner == 9 or (inner not in SCALARS and inner != 8):
             raise bad(self.path, f"key {key[:80]!r} is an array of value type {inner}, which GGUF does not define")
         smallest = 8 if inner == 8 else struct.calcsize(SCALARS[inner])
-        if count > MAX_ARRAY_ENTRIES or count * smallest > len(self.data) - self.pos:
-            raise bad(self.path, f"key {key[:80]!r} claims {count:,} entries, more than the file holds "
-                                 f"(at most {MAX_ARRAY_ENTRIES:,})")
+        if count * smallest > self.size - self.pos:  # past the read window only: take() says so
+            raise bad(self.path, f"key {key[:80]!r} claims {count:,} entries, more than the file holds")
+        if count > MAX_ARRAY_ENTRIES:
+            raise bad(self.path, f"key {key[:80]!r} claims {count:,} entries, more than the {MAX_ARRAY_ENTRIES:,} "
+                                 "draftsmith reads (the largest vocabularies hold 262,144 tokens)")
         keep = key in KEEP_ARRAYS or count <= 16
         if inner != 8:  # fixed-size entries: one slice, unpacked only when kept
             raw = self.take(count * smallest)
