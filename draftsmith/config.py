@@ -229,6 +229,9 @@ def _check(value: Any, tp: Any, where: str, problems: list[str]) -> Any:
         if len(options) == 1 and dataclasses.is_dataclass(options[0]):
             problems.extend(errors)  # an optional section: name the bad key inside it
             return out  # the section built from its valid keys
+        if len(options) == 1 and options[0] in (int, float) and isinstance(value, int) and not isinstance(value, bool):
+            problems.extend(errors)  # Optional[int] = 10**400: say why the integer is refused
+            return value
         problems.append(f"{where}: {short_repr(value)} is not {' or '.join(_type_name(a) for a in args)}")
         return value
     if origin is Literal:
@@ -270,7 +273,7 @@ def _check(value: Any, tp: Any, where: str, problems: list[str]) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             problems.append(f"{where}: expected an integer, got {short_repr(value)}")
         elif abs(value) > MAX_INT:  # no count, size or seed goes past int64 (torch, numpy and range() refuse it)
-            problems.append(f"{where}: expected an integer of at most {MAX_INT:,} in size, got {_huge(value)}")
+            problems.append(f"{where}: expected an integer within int64 (|value| <= {MAX_INT:,}), got {_huge(value)}")
         return value
     if tp is bool:
         if not isinstance(value, bool):
