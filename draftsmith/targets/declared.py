@@ -21,9 +21,10 @@ from draftsmith.targets.gguf_header import bad as _bad
 
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|blk)\.(\d+)\.")
 # {arch}.KEY values that size the model: whole numbers >= 1 when present (head_count 0 divided by zero)
+# (expert_count is left out: a dense model may carry 0 there)
 _COUNTS = ("context_length", "embedding_length", "feed_forward_length", "attention.head_count",
            "attention.head_count_kv", "attention.key_length", "attention.value_length", "rope.dimension_count",
-           "vocab_size", "expert_count", "expert_used_count")
+           "vocab_size")
 _MAX_COUNT = 1 << 31
 
 
@@ -51,7 +52,7 @@ def _check_model_values(path: Path, arch: str, meta: dict) -> None:
     for name in _COUNTS:
         key = f"{arch}.{name}"
         value = meta.get(key)
-        if value is None or isinstance(value, list):  # absent, or one value per layer
+        if value is None or isinstance(value, (list, gguf_header.LongArray)):  # absent, or one value per layer
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < _MAX_COUNT:
             raise _bad(path, f"{key} is {_show(value)}, not a whole number in 1..{_MAX_COUNT - 1}")

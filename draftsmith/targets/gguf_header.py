@@ -37,6 +37,12 @@ SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?
 KEEP_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.scores")
 
 
+@dataclass(frozen=True)
+class LongArray:
+    """An array of more than 16 entries that draftsmith does not keep (a per-layer value, token types)."""
+    count: int
+
+
 @dataclass
 class Tensor:
     name: str
@@ -47,7 +53,7 @@ class Tensor:
 
 @dataclass
 class GGUFHeader:
-    meta: dict  # key -> value (an array of more than 16 entries not in KEEP_ARRAYS: its entry count)
+    meta: dict  # key -> value (an array of more than 16 entries not in KEEP_ARRAYS: a LongArray)
     tensors: list[Tensor]
     data_start: int  # where the tensor data begins (the header's end, aligned)
     size: int  # the file's size
@@ -99,9 +105,9 @@ class _Reader:
         keep = key in KEEP_ARRAYS or count <= 16
         if inner != 8:  # fixed-size entries: one slice, unpacked only when kept
             raw = self.take(count * smallest)
-            return list(struct.unpack(f"<{count}{SCALARS[inner][1]}", raw)) if keep else count
+            return list(struct.unpack(f"<{count}{SCALARS[inner][1]}", raw)) if keep else LongArray(count)
         items = [self.string() for _ in range(count)]
-        return items if keep else count
+        return items if keep else LongArray(count)
 
 
 def _open_regular(path: Path):
