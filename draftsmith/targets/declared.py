@@ -40,6 +40,7 @@ def check_gguf(path: str | Path) -> dict:
         raise _bad(path, f"general.architecture {str(arch)[:40]!r} is not one transformers reads from GGUF "
                          f"({', '.join(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ('general', 'tokenizer'))})")
     _check_model_values(path, arch, meta)
+    _check_embedding(path, arch, meta, header.tensors)
     _check_tokens(path, meta)
     _check_layers(path, f"{arch}.block_count", meta.get(f"{arch}.block_count", _MISSING), names)
     return meta
@@ -65,6 +66,18 @@ def _check_model_values(path: Path, arch: str, meta: dict) -> None:
     base = meta.get(f"{arch}.rope.freq_base")
     if isinstance(base, float) and base <= 0:
         raise _bad(path, f"{arch}.rope.freq_base is {base}; a rope base must be positive")
+
+
+def _check_embedding(path: Path, arch: str, meta: dict, tensors) -> None:
+    """token_embd.weight (ne[0] = width, ne[1] = vocabulary rows) against embedding_length and vocab_size, so
+    that `inspect`, which builds no weights, does not report a vocabulary the file does not hold."""
+    embd = next((t for t in tensors if t.name == "token_embd.weight" and len(t.dims) == 2), None)
+    if embd is None:
+        return
+    for key, held in ((f"{arch}.embedding_length", embd.dims[0]), (f"{arch}.vocab_size", embd.dims[1])):
+        value = meta.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value != held:
+            raise _bad(path, f"{key} is {value} but its tensor token_embd.weight holds {held}")
 
 
 def _check_tokens(path: Path, meta: dict) -> None:

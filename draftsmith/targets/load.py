@@ -14,6 +14,7 @@ norm (it is what the lm_head sees).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import dataclass
@@ -339,10 +340,11 @@ def load(path: str, dtype: str = "float32", device: str = "auto", revision: str 
     extra = hf_kwargs(gguf_name)
     check_declared_sizes(local, gguf_name)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            local, dtype=DTYPES[dtype], revision=revision, trust_remote_code=trust_remote_code,
-            **gguf_model_kwargs(gguf_name)
-        )
+        if gguf_name:
+            model = _load_gguf_model(local, gguf_name, DTYPES[dtype])
+        else:
+            model = AutoModelForCausalLM.from_pretrained(local, dtype=DTYPES[dtype], revision=revision,
+                                                         trust_remote_code=trust_remote_code)
     except StrictDataclassError as exc:  # a config.json value of the wrong type (transformers 5 checks them)
         raise config_json_error(local, exc, gguf_name) from exc
     except (OSError, ValueError) as exc:
@@ -364,6 +366,52 @@ def load(path: str, dtype: str = "float32", device: str = "auto", revision: str 
         _settle_gguf_model(model, gguf_path)
     model.to(resolve_device(device))
     return Target(model, tokenizer, name=display_name(path, gguf_name), path=path, gguf_file=gguf_path)
+
+
+def _load_gguf_model(local: str, gguf_name: str, dtype) -> nn.Module:
+    """A GGUF file's model, every weight read from the file: metadata that declares shapes its tensors do not
+    hold (a vocab_size or head_count changed) or a tensor missing (it would start at random) is one line
+    naming the file. transformers' multi-line load report and its raw progress bar are kept off stderr."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    file = Path(local).expanduser() / gguf_name
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with _no_gguf_progress_bar():
+            model, info = AutoModelForCausalLM.from_pretrained(local, dtype=dtype, output_loading_info=True,
+                                                               **gguf_model_kwargs(gguf_name))
+    except RuntimeError as exc:  # "size mismatch", or the mismatched keys of the load report
+        detail = " ".join(str(exc).split())[:200]
+        raise UserError(f"{file}: its metadata declares shapes its tensors do not hold ({detail}); the GGUF file is "
+                        "damaged: download or convert it again") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        raise UserError(f"{file}: {len(missing)} of the model's weights have no tensor in the file (e.g. {missing[0]}), "
+                        "so they would start at random; the GGUF file is damaged: download or convert it again")
+    return model
+
+
+@contextlib.contextmanager
+def _no_gguf_progress_bar():
+    """transformers' GGUF loader draws a raw tqdm bar ("Converting and de-quantizing GGUF tensors...") that
+    disable_progress_bar does not reach; on stderr it turned a one-line error after the load into three."""
+    from functools import partial
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is None:
+        yield
+        return
+    gguf_utils.tqdm = partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
 
 
 def _settle_gguf_model(model: nn.Module, gguf_path: str) -> None:
