@@ -155,12 +155,12 @@ def test_a_gguf_config_error_names_the_gguf_not_a_config_json(tmp_path):
 
 def test_config_json_layers_under_another_name(tmp_path):
     """gpt2's config.json says n_layer: its layers are compared under that name, not 'None layers'."""
+    import torch
+    from safetensors.torch import save_file
+
     from draftsmith.targets import declared
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2}))
-    from safetensors.torch import save_file
-    import torch
-
     save_file({f"h.{i}.ln_1.weight": torch.ones(2) for i in range(2)}, str(tmp_path / "model.safetensors"))
     declared.check_checkpoint_layers(tmp_path)  # 2 declared, 2 held
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 9}))
