@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.commands.eval_options import EvalOptions
+from draftsmith.commands.eval_options import EvalOptions, short_int
 from draftsmith.commands.eval_results import checkpoint_identity, command_line, results_config, write_results
 from draftsmith.eval import proposers, results, workloads
 from draftsmith.eval.engine import TOLERANCE, compare_setups, compare_workload, draftsmith_side, engine_request
@@ -91,7 +91,8 @@ def check_engine_args(args) -> None:
                  "--ngram-first runs in draftsmith's loop only (no engine serves it): drop --engine or --ngram-first"),
                 (getattr(args, "drafter_k", None) is not None,
                  "--drafter-k caps a drafter behind --ngram-first, which no engine serves: drop --engine or --drafter-k"),
-                (args.engine_threads < 1, f"--engine-threads {args.engine_threads}: must be >= 1")]
+                (args.engine_threads < 1, f"--engine-threads {args.engine_threads}: must be >= 1"),
+                (not 0 <= args.seed < 2**32, f"--seed {short_int(args.seed)}: must lie in [0, 2**32)")]
     for bad, message in problems:
         if bad:
             raise UserError(message)

@@ -114,7 +114,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_flags(p, EvalOptions)
 
 
-def _short(value: int) -> str:
+def short_int(value: int) -> str:
     """An integer flag in a message: 400 digits are shown as their count."""
     return f"(an integer of {len(str(abs(value)))} digits)" if abs(value) > 10**30 else str(value)
 
@@ -131,7 +131,7 @@ def check_args(args: EvalOptions) -> None:
                 (args.max_new_tokens < 1, f"--max-new-tokens {args.max_new_tokens}: must be >= 1"),
                 (args.warmup < 0, f"--warmup {args.warmup}: must be >= 0"),
                 (args.repeats < 3, f"--repeats {args.repeats}: must be >= 3 (a median of fewer timings is noise)"),
-                (not 0 <= args.seed < 2**32, f"--seed {_short(args.seed)}: must lie in [0, 2**32)"),
+                (not 0 <= args.seed < 2**32, f"--seed {short_int(args.seed)}: must lie in [0, 2**32)"),
                 (not math.isfinite(args.near_tie_steps) or args.near_tie_steps < 0,
                  f"--near-tie-steps {args.near_tie_steps}: must be a finite number >= 0"),
                 (finite and args.temperature < 0, f"--temperature {args.temperature}: must be >= 0 (0: greedy)"),

@@ -48,3 +48,10 @@ def test_profile_repeats_is_bounded_before_anything_runs(monkeypatch, value):
     args = parser.parse_args(["runs/x/final", "--repeats", str(value)])
     with pytest.raises(UserError, match=f"--repeats {value}: must lie in 1..{MAX_REPEATS:,}"):
         profile.main(args)
+
+
+def test_eval_engine_seed_is_bounded(tmp_path, capsys):
+    """`eval --engine llama.cpp` seeds torch with --seed as well: 400 digits are one line there too."""
+    assert cli_main(["eval", str(tmp_path / "ckpt"), "--engine", "llama.cpp", "--seed", str(HUGE)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--seed (an integer of 400 digits)" in err, err
