@@ -286,6 +286,7 @@ def _check(value: Any, tp: Any, where: str, problems: list[str]) -> Any:
     return value
 
 
+MAX_NUM_PROC = 256  # tokenizing processes (data.num_proc=10^12 started a worker per row and hung)
 MAX_INT = 2**63 - 1  # int64: the largest integer torch, numpy and the file formats hold
 
 
@@ -455,7 +456,8 @@ def _semantic_checks(cfg: RecipeConfig) -> list[str]:
     for key, value, bound in (("train.batch_size", t.batch_size, MAX_BATCH_SIZE),
                               ("train.grad_accum", t.grad_accum, MAX_GRAD_ACCUM),
                               ("features.build_batch_size", cfg.features.build_batch_size, MAX_BATCH_SIZE),
-                              ("regenerate.batch_size", cfg.regenerate.batch_size, MAX_BATCH_SIZE)):
+                              ("regenerate.batch_size", cfg.regenerate.batch_size, MAX_BATCH_SIZE),
+                              ("data.num_proc", cfg.data.num_proc, MAX_NUM_PROC)):
         if value > bound:
             problems.append(f"{key}: must be <= {bound:,} (core/bounds.py), got {_huge(value)}")
     if t.max_steps is not None and t.max_steps < 1:

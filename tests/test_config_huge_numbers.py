@@ -74,7 +74,8 @@ def test_a_huge_float_key_on_the_command_line_is_one_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("key, bound", [("train.batch_size", MAX_BATCH_SIZE), ("train.grad_accum", MAX_GRAD_ACCUM),
                                         ("features.build_batch_size", MAX_BATCH_SIZE),
-                                        ("regenerate.batch_size", MAX_BATCH_SIZE)])
+                                        ("regenerate.batch_size", MAX_BATCH_SIZE),
+                                        ("data.num_proc", config.MAX_NUM_PROC)])
 def test_batch_sizes_and_grad_accum_are_bounded(key, bound):
     config.from_dict({}, overrides=[f"{key}={bound}"])  # the bound itself is allowed
     with pytest.raises(ConfigError, match=f"{key}: must be <= {bound:,}"):
