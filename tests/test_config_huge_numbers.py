@@ -80,3 +80,11 @@ def test_batch_sizes_and_grad_accum_are_bounded(key, bound):
     config.from_dict({}, overrides=[f"{key}={bound}"])  # the bound itself is allowed
     with pytest.raises(ConfigError, match=f"{key}: must be <= {bound:,}"):
         config.from_dict({}, overrides=[f"{key}={10**12}"])
+
+
+@pytest.mark.parametrize("key", ["drafter.num_heads", "drafter.num_kv_heads", "drafter.head_dim",
+                                 "drafter.intermediate_size"])
+def test_draft_layer_shapes_are_bounded(key):
+    """Found by the harness: drafter.num_kv_heads=10^12 passed the recipe check and failed to allocate."""
+    with pytest.raises(ConfigError, match=f"{key}: must be <= "):
+        config.from_dict({"drafter": {"kind": "eagle3"}}, overrides=[f"{key}={10**12}"])
