@@ -21,6 +21,7 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
+from draftsmith.core.bounds import MAX_BATCH_SIZE, MAX_GRAD_ACCUM
 from draftsmith.core.errors import ConfigError, UserError
 from draftsmith.core.files import MAX_YAML_BYTES, read_received_bytes
 from draftsmith.core.safe_yaml import MAX_REPR, YAMLBoundError, short_repr
@@ -234,6 +235,9 @@ def _check(value: Any, tp: Any, where: str, problems: list[str]) -> Any:
         if len(options) == 1 and dataclasses.is_dataclass(options[0]):
             problems.extend(errors)  # an optional section: name the bad key inside it
             return out  # the section built from its valid keys
+        if len(options) == 1 and options[0] in (int, float) and isinstance(value, int) and not isinstance(value, bool):
+            problems.extend(errors)  # Optional[int] = 10**400: say why the integer is refused
+            return value
         problems.append(f"{where}: {short_repr(value)} is not {' or '.join(_type_name(a) for a in args)}")
         return value
     if origin is Literal:
@@ -262,6 +266,11 @@ def _check(value: Any, tp: Any, where: str, problems: list[str]) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             problems.append(f"{where}: expected a number, got {short_repr(value)}")
             return value
+        try:
+            float(value)
+        except OverflowError:  # an integer past 1.8e308: float(10**400) raises
+            problems.append(f"{where}: expected a finite number, got {_huge(value)}")
+            return value
         if not math.isfinite(float(value)):  # .inf / .nan (YAML) are never a setting
             problems.append(f"{where}: expected a finite number, got {value}")
             return value
@@ -269,6 +278,8 @@ def _check(value: Any, tp: Any, where: str, problems: list[str]) -> Any:
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             problems.append(f"{where}: expected an integer, got {short_repr(value)}")
+        elif abs(value) > MAX_INT:  # no count, size or seed goes past int64 (torch, numpy and range() refuse it)
+            problems.append(f"{where}: expected an integer within int64 (|value| <= {MAX_INT:,}), got {_huge(value)}")
         return value
     if tp is bool:
         if not isinstance(value, bool):
@@ -279,6 +290,15 @@ def _check(value: Any, tp: Any, where: str, problems: list[str]) -> Any:
             problems.append(f"{where}: expected a string, got {short_repr(value)}")
         return value
     return value
+
+
+MAX_NUM_PROC = 256  # tokenizing processes (data.num_proc=10^12 started a worker per row and hung)
+MAX_INT = 2**63 - 1  # int64: the largest integer torch, numpy and the file formats hold
+
+
+def _huge(value: int) -> str:
+    """A huge integer in a message: its sign and digit count, not 400 digits."""
+    return f"an integer of {len(str(abs(value)))} digits" if abs(value) > 10**30 else f"{value:,}"
 
 
 # Keys recipes may no longer set, with the reason and the replacement.
@@ -343,6 +363,8 @@ def apply_override(raw: dict, assignment: str) -> None:
         raise ConfigError("command line", [f"override {key.strip()}: {text[:60]!r} is not a YAML value "
                                            f"({' '.join(str(exc).split())[:200]}); quote it as a string"]) from None
     parts = key.strip().split(".")
+    if len(parts) > 1 and parts[0] == "drafter" and parts[1] not in ("kind", "options"):
+        parts.insert(1, "options")  # drafter.ttt_steps and drafter.options.ttt_steps name one setting: the last wins
     node = raw
     for part in parts[:-1]:
         if not isinstance(node.get(part), dict):
@@ -351,18 +373,29 @@ def apply_override(raw: dict, assignment: str) -> None:
     node[parts[-1]] = value
 
 
-def _split_drafter(raw: dict) -> None:
-    """Drafter options sit beside `kind` in YAML; move them under `options` for validation."""
+def _split_drafter(raw: dict) -> list[str]:
+    """Drafter options sit beside `kind` in YAML; move them under `options` for validation. An option
+    written both ways with two values is a problem (the flat one silently won: `drafter.options.ttt_steps=2`
+    trained with the recipe's `drafter.ttt_steps: 5`); overrides never conflict (apply_override writes
+    both spellings to drafter.options)."""
     section = raw.get("drafter")
+    problems = []
     if isinstance(section, dict):
         given = section.get("options") or {}
         if not isinstance(given, dict):  # `options: 5`: _build names drafter.options
-            return
+            return problems
         options = dict(given)
         for key in list(section):
             if key not in ("kind", "options"):
-                options[key] = section.pop(key)
+                value = section.pop(key)
+                if key in options and options[key] != value:
+                    name = str(key)[:MAX_REPR]
+                    problems.append(f"drafter.{name} is {short_repr(value)} but drafter.options.{name} is "
+                                    f"{short_repr(options[key])}: write the option once "
+                                    "(beside drafter.kind, or under drafter.options)")
+                options[key] = value
         section["options"] = options
+    return problems
 
 
 def typed_drafter_options(kind: str, options: Any) -> tuple[Any, list[str], list[str]]:
@@ -392,10 +425,12 @@ def from_dict(raw: dict, source: str = "recipe", overrides: list[str] | None = N
         raise ConfigError(source, ["nested too deeply to read; flatten the recipe"]) from None
     except YAMLBoundError as exc:
         raise ConfigError(source, [exc.detail]) from None
+    split = _split_drafter(raw)  # before the overrides, so that an override replaces either spelling
     for assignment in overrides or []:
         apply_override(raw, assignment)
-    _split_drafter(raw)
+    split += _split_drafter(raw)  # an override of the whole drafter section
     cfg, problems = build_dataclass(RecipeConfig, raw)
+    problems = split + problems
     drafter_ranges: list[str] = []
     if isinstance(cfg.drafter.kind, str) and isinstance(cfg.drafter.options, dict):
         typed, sub, drafter_ranges = typed_drafter_options(cfg.drafter.kind, cfg.drafter.options)
@@ -424,6 +459,13 @@ def _semantic_checks(cfg: RecipeConfig) -> list[str]:
         problems.append("train.batch_size: must be >= 1")
     if t.grad_accum < 1:
         problems.append("train.grad_accum: must be >= 1")
+    for key, value, bound in (("train.batch_size", t.batch_size, MAX_BATCH_SIZE),
+                              ("train.grad_accum", t.grad_accum, MAX_GRAD_ACCUM),
+                              ("features.build_batch_size", cfg.features.build_batch_size, MAX_BATCH_SIZE),
+                              ("regenerate.batch_size", cfg.regenerate.batch_size, MAX_BATCH_SIZE),
+                              ("data.num_proc", cfg.data.num_proc, MAX_NUM_PROC)):
+        if value > bound:
+            problems.append(f"{key}: must be <= {bound:,} (core/bounds.py), got {_huge(value)}")
     if t.max_steps is not None and t.max_steps < 1:
         problems.append("train.max_steps: must be >= 1 (or null to train for train.epochs)")
     if t.target_sharding == "fsdp2" and t.backend == "single":

@@ -56,6 +56,13 @@ def test_declared_and_imported_dependencies_agree():
     assert not want - have, f"declared in pyproject.toml but never imported by draftsmith: {sorted(want - have)}"
 
 
+def test_no_distribution_is_declared_twice():
+    """Issue 44: gguf was declared as ==0.19.0 and as >=0.19 (the set above hid the second)."""
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = [re.split(r"[<>=!~;\[ ]", d, maxsplit=1)[0].strip().lower().replace("-", "_") for d in deps]
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []
+
+
 def test_the_check_sees_imports_inside_functions():
     modules = imported_modules()
     assert "datasets" in modules and "torch.utils.tensorboard" in modules  # both are function-level imports

@@ -19,7 +19,7 @@ import torch
 
 from draftsmith.eval import proposers, results, workloads
 from draftsmith.eval.engine import TOLERANCE, compare_setups, compare_workload, draftsmith_side, engine_request
-from draftsmith.eval.options import EvalOptions
+from draftsmith.eval.options import EvalOptions, short_int
 from draftsmith.eval.records import checkpoint_identity, command_line, results_config, write_results
 from draftsmith.export.llamacpp.layouts import engine_drafter_options, gguf_problems
 from draftsmith.report.parity import parity_lines
@@ -79,6 +79,7 @@ def apply_engine_rules(drafter) -> dict:
 
 def check_engine_args(args) -> None:
     from draftsmith.core.errors import UserError
+    from draftsmith.core.files import refuse_special_file
 
     problems = [(not args.path, "--engine llama.cpp needs a checkpoint PATH (the drafter to serve)"),
                 (args.temperature != 0, f"--engine llama.cpp compares greedy decoding; drop --temperature {args.temperature}"),
@@ -90,10 +91,13 @@ def check_engine_args(args) -> None:
                  "--ngram-first runs in draftsmith's loop only (no engine serves it): drop --engine or --ngram-first"),
                 (getattr(args, "drafter_k", None) is not None,
                  "--drafter-k caps a drafter behind --ngram-first, which no engine serves: drop --engine or --drafter-k"),
-                (args.engine_threads < 1, f"--engine-threads {args.engine_threads}: must be >= 1")]
+                (args.engine_threads < 1, f"--engine-threads {args.engine_threads}: must be >= 1"),
+                (not 0 <= args.seed < 2**32, f"--seed {short_int(args.seed)}: must lie in [0, 2**32)")]
     for bad, message in problems:
         if bad:
             raise UserError(message)
+    if args.target_gguf:  # a FIFO, device or directory was called "no such file"
+        refuse_special_file(args.target_gguf, "--target-gguf")
 
 
 def engine_files(args, loaded, work: Path) -> dict:

@@ -61,7 +61,7 @@ def load_meta(path: str, revision: str | None = None, trust_remote_code: bool = 
     try:
         config = AutoConfig.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code, **extra)
     except StrictDataclassError as exc:  # a config.json value of the wrong type
-        raise config_json_error(local, exc) from exc
+        raise config_json_error(local, exc, gguf_name) from exc
     problems = []
     model = None
     try:

@@ -36,6 +36,9 @@ def _ints(text: str, flag: str) -> list[int]:
 
 
 def main(args: argparse.Namespace) -> int:
+    from draftsmith.core import bounds
+
+    bounds.check_count(args.repeats, "--repeats", bounds.MAX_REPEATS)
     run(args.path, args.workloads.split(","), k_max=args.k_max, num_prompts=args.num_prompts,
         max_new_tokens=args.max_new_tokens, batches=_ints(args.batches, "--batches"),
         contexts=_ints(args.contexts, "--contexts"),

@@ -11,7 +11,11 @@ naming the flag or key and the bound.
                                    the target's max_position_embeddings
   tree nodes <= MAX_TREE_NODES     one verification forward over the tree (a dense attention mask)
   batch size <= MAX_BATCH_SIZE     requests decoded or timed together (profile --batches 10^9 asked
-                                   for 568 GB before the first forward)
+                                   for 568 GB before the first forward), sequences per training
+                                   micro-batch (train.batch_size=10^12 failed to allocate after 51 s)
+  grad_accum <= MAX_GRAD_ACCUM     micro-batches per optimizer step (10^12 ran until killed)
+  repeats <= MAX_REPEATS           timed runs per prompt or grid point (eval / profile --repeats,
+                                   eval --warmup: 10^12 ran until killed)
 """
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ MAX_DRAFT_TOKENS = 64
 MAX_TREE_NODES = 1024
 MAX_TREE_TOPK = 64
 MAX_BATCH_SIZE = 1024
+MAX_GRAD_ACCUM = 1024
+MAX_REPEATS = 1000
 ROOM = 16  # positions a round needs besides the drafts: a short prompt and the bonus token
 
 
@@ -73,3 +79,12 @@ def check_batch_sizes(values, name: str) -> list[int]:
             raise UserError(f"{name} {v!r}: batch sizes must lie in 1..{MAX_BATCH_SIZE} (each request of a batch "
                             "holds its own cache); give a smaller value")
     return values
+
+
+def check_count(value, name: str, bound: int, minimum: int = 1) -> int:
+    """A count flag in minimum..bound, else UserError naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= bound:
+        shown = f"an integer of {len(str(abs(value)))} digits" if isinstance(value, int) and abs(value) > 10**30 \
+            else repr(value)
+        raise UserError(f"{name} {shown}: must lie in {minimum}..{bound:,}; give a smaller value")
+    return value

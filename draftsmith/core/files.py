@@ -59,6 +59,17 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
+def refuse_special_file(path: str | Path, what: str) -> None:
+    """A path that exists but is not a regular file (a FIFO, a device, a directory; a link is followed) is
+    one line saying what it is; a missing path passes (the caller says "no such file")."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{what} {path}: is {file_kind(st.st_mode)}, not a regular file; give the path of the file itself")
+
+
 def read_received_bytes(path: str | Path, what: str, limit: int = MAX_JSON_BYTES) -> bytes:
     """The bytes of a received file, which must be a regular file of at most `limit` bytes (a link to
     /dev/zero or a FIFO is one line naming the file, never a hang or a MemoryError)."""
@@ -136,8 +147,17 @@ def check_safetensors(path: str | Path, data: bytes | None = None) -> dict:
     """The header of a safetensors file, checked against the bytes on disk (or against `data`, the file's
     bytes already in memory, e.g. decompressed; `path` then only names it); raises UserError."""
     path = Path(path)
-    size = path.stat().st_size if data is None else len(data)
-    with open(path, "rb") if data is None else contextlib.nullcontext() as f:
+    if data is None:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # O_NONBLOCK: opening a FIFO does not wait for a writer
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO hung eval and export; /dev/zero has no size to check
+            os.close(fd)
+            raise UserError(f"{path}: is {file_kind(st.st_mode)}, not a regular file; weights must be a plain "
+                            "safetensors file: replace it with the real file")
+        size, opened = st.st_size, os.fdopen(fd, "rb")
+    else:
+        size, opened = len(data), contextlib.nullcontext()
+    with opened as f:
         head = f.read(8) if data is None else data[:8]
         if len(head) < 8:
             raise _bad(path, f"only {size} bytes (a safetensors file starts with an 8-byte header length)")

@@ -464,12 +464,13 @@ def regenerate(paths: list[str], generator, output: str, fmt: str = "auto", batc
     check_outputs(out)
     settings = {**generator.settings(), "row_ids": ROW_IDS}
     _check_settings(sidecar, settings, out)
-    done, torn = load_done(out)
-    summary = RegenSummary(output=str(out), settings=settings, torn_line_repaired=torn)
     out.parent.mkdir(parents=True, exist_ok=True)
-    _write_json(sidecar, summary.to_dict())  # the settings are on disk before the first answer
-    seen: set[str] = set()
     with open(out, "a", encoding="utf-8") as sink:
+        _lock_output(sink, out)  # before load_done: a second run would cut the first one's last line as torn
+        done, torn = load_done(out)
+        summary = RegenSummary(output=str(out), settings=settings, torn_line_repaired=torn)
+        _write_json(sidecar, summary.to_dict())  # the settings are on disk before the first answer
+        seen: set[str] = set()
         batch: list[formats.Row] = []
         for raw, row, err in formats.iter_rows(paths, fmt):
             if limit is not None and summary.input >= limit:
@@ -496,9 +497,21 @@ def regenerate(paths: list[str], generator, output: str, fmt: str = "auto", batc
                     log(f"regenerate: {summary.input} rows read, {summary.success} done, {summary.error} errors")
         if batch:
             _run_batch(batch, generator, summary, sink)
-    summary.elapsed_s = time.time() - start
-    _write_json(sidecar, summary.to_dict())
+        summary.elapsed_s = time.time() - start
+        _write_json(sidecar, summary.to_dict())
     return summary
+
+
+def _lock_output(sink, out: Path) -> None:
+    """One regeneration per output file at a time: an exclusive flock on the open output, held until it is
+    closed (the kernel drops it when the process dies). Two runs into one file each wrote every row."""
+    import fcntl
+
+    try:
+        fcntl.flock(sink.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise UserError(f"regenerate.output {out}: another regeneration is writing it now; wait for it to end "
+                        "(a rerun then resumes where it stopped), or set regenerate.output to another file") from None
 
 
 def regenerate_for_recipe(cfg, target=None, limit=None, log=print, api_key_env=None) -> RegenSummary:

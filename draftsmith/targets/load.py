@@ -14,6 +14,7 @@ norm (it is what the lm_head sees).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from huggingface_hub.errors import StrictDataclassError
 from torch import nn
 
 from draftsmith.core.errors import UserError
+from draftsmith.core.files import refuse_special_file
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "assets"  # draftsmith/assets
 GGUF_SUFFIX = ".gguf"
@@ -79,10 +81,12 @@ def locate(path: str, gguf_file: str | None = None) -> tuple[str, str | None]:
         if gguf_file:
             raise UserError(f"target.gguf_file {gguf_file!r}: target.path {path!r} already names a GGUF file; "
                              "drop one of them")
+        refuse_special_file(p, "target path")
         if not p.is_file():
             raise FileNotFoundError(f"target path {path!r}: no such GGUF file{_install_hint(p.name)}")
         return str(p.parent), p.name
     if gguf_file:
+        refuse_special_file(p / gguf_file, "target.gguf_file")
         if not (p / gguf_file).is_file():
             raise FileNotFoundError(f"target.gguf_file {gguf_file!r}: no such file in {local}{_install_hint(gguf_file)}")
         return str(p), gguf_file
@@ -342,12 +346,13 @@ def load(path: str, dtype: str = "float32", device: str = "auto", revision: str 
     extra = hf_kwargs(gguf_name)
     check_declared_sizes(local, gguf_name)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            local, dtype=DTYPES[dtype], revision=revision, trust_remote_code=trust_remote_code,
-            **gguf_model_kwargs(gguf_name)
-        )
+        if gguf_name:
+            model = _load_gguf_model(local, gguf_name, DTYPES[dtype])
+        else:
+            model = AutoModelForCausalLM.from_pretrained(local, dtype=DTYPES[dtype], revision=revision,
+                                                         trust_remote_code=trust_remote_code)
     except StrictDataclassError as exc:  # a config.json value of the wrong type (transformers 5 checks them)
-        raise config_json_error(local, exc) from exc
+        raise config_json_error(local, exc, gguf_name) from exc
     except (OSError, ValueError) as exc:
         if Path(local).expanduser().is_dir():
             raise
@@ -367,6 +372,52 @@ def load(path: str, dtype: str = "float32", device: str = "auto", revision: str 
         _settle_gguf_model(model, gguf_path)
     model.to(resolve_device(device))
     return Target(model, tokenizer, name=display_name(path, gguf_name), path=path, gguf_file=gguf_path)
+
+
+def _load_gguf_model(local: str, gguf_name: str, dtype) -> nn.Module:
+    """A GGUF file's model, every weight read from the file: metadata that declares shapes its tensors do not
+    hold (a vocab_size or head_count changed) or a tensor missing (it would start at random) is one line
+    naming the file. transformers' multi-line load report and its raw progress bar are kept off stderr."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    file = Path(local).expanduser() / gguf_name
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with _no_gguf_progress_bar():
+            model, info = AutoModelForCausalLM.from_pretrained(local, dtype=dtype, output_loading_info=True,
+                                                               **gguf_model_kwargs(gguf_name))
+    except RuntimeError as exc:  # "size mismatch", or the mismatched keys of the load report
+        detail = " ".join(str(exc).split())[:200]
+        raise UserError(f"{file}: its metadata declares shapes its tensors do not hold ({detail}); the GGUF file is "
+                        "damaged: download or convert it again") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        raise UserError(f"{file}: {len(missing)} of the model's weights have no tensor in the file (e.g. {missing[0]}), "
+                        "so they would start at random; the GGUF file is damaged: download or convert it again")
+    return model
+
+
+@contextlib.contextmanager
+def _no_gguf_progress_bar():
+    """transformers' GGUF loader draws a raw tqdm bar ("Converting and de-quantizing GGUF tensors...") that
+    disable_progress_bar does not reach; on stderr it turned a one-line error after the load into three."""
+    from functools import partial
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is None:
+        yield
+        return
+    gguf_utils.tqdm = partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
 
 
 def _settle_gguf_model(model: nn.Module, gguf_path: str) -> None:
@@ -410,9 +461,13 @@ def check_config_json(local: str) -> None:
         raise UserError(f"{file}: a JSON {type(data).__name__}, expected an object; restore the target's config.json")
 
 
-def config_json_error(local: str, exc: Exception) -> UserError:
-    """One line naming the target's config.json and its bad field (huggingface_hub's StrictDataclassError)."""
+def config_json_error(local: str, exc: Exception, gguf_name: str | None = None) -> UserError:
+    """One line naming the target's config.json and its bad field (huggingface_hub's StrictDataclassError);
+    for a GGUF target the .gguf file, whose metadata the config came from (it has no config.json)."""
     detail = " ".join(str(exc).split())[:300]
+    if gguf_name:
+        return UserError(f"{Path(local) / gguf_name}: its metadata gives a bad config value ({detail}); the GGUF "
+                         "file is damaged: download or convert it again")
     return UserError(f"{Path(local) / 'config.json'}: {detail}; fix that value in the target's config.json")
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -156,3 +157,26 @@ def test_prepare_dry_run_bad_overrides(check, pair):
 def test_train_known_nproc_findings(check, nproc):
     check(Case(["train", "recipe.yaml", "--nproc", nproc, *TRAIN_TAIL], names=["--nproc"], outputs=["runs/new"],
                expect_error=True, seconds=30))
+
+
+# --------------------------------------------------------------------------- drafter options written twice (issue 44)
+
+def _both_spellings(key: str, flat, nested):
+    def apply(root):
+        data = yaml.safe_load((root / "recipe.yaml").read_text())
+        data["drafter"][key] = flat
+        data["drafter"].setdefault("options", {})[key] = nested
+        (root / "recipe.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return apply
+
+
+@harness_settings(6)
+@given(key=st.sampled_from(["ttt_steps", "draft_vocab_size", "step_decay", "num_heads"]),
+       values=st.tuples(st.sampled_from([1, 2, 5, 64]), st.sampled_from([1, 2, 5, 64])).filter(lambda v: v[0] != v[1]))
+def test_validate_drafter_option_written_twice(check, key, values):
+    """`drafter.KEY` beside kind and `drafter.options.KEY` with two values: refused naming the key (the flat
+    one silently won)."""
+    damage = S.Damage(f"recipe.yaml: drafter.{key}={values[0]}, drafter.options.{key}={values[1]}",
+                      _both_spellings(key, *values), ["recipe.yaml", f"drafter.{key}"])
+    check(Case(["validate", "recipe.yaml"], names=damage.names, named_at=(1, 2), expect_error=True, seconds=30),
+          [damage])

