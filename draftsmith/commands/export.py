@@ -56,15 +56,12 @@ def format_flags_given(args) -> dict:
 
 
 def main(args) -> int:
-    from draftsmith.core.files import refuse_special_file
     from draftsmith.export import EXPORTERS
     from draftsmith.export.api import export
 
     opts = ExportOptions(dtype=args.dtype, num_speculative_tokens=args.num_speculative_tokens, verifier=args.verifier,
                          engine_version=args.engine_version, flags=format_flags_given(args))
     try:
-        if args.target_gguf:
-            refuse_special_file(args.target_gguf, "--target-gguf")
         result = export(args.checkpoint, args.to, args.out, opts, validate=not args.no_validate,
                         overwrite=args.overwrite, trust_remote_code=args.trust_remote_code)
     except (ExportValidationError, FileExistsError, FileNotFoundError, ValueError, OSError) as exc:

@@ -44,6 +44,7 @@ from typing import ClassVar, Optional
 from draftsmith import __version__
 from draftsmith import config as config_mod
 from draftsmith.core.errors import UserError
+from draftsmith.core.files import refuse_special_file
 from draftsmith.core.flags import flag
 from draftsmith.export.exporter import Exporter
 from draftsmith.export.layout import (
@@ -199,9 +200,12 @@ class LlamaCppLayout(Layout):
     def plan(self, loaded, opts: ExportOptions, out_dir: Path) -> Plan:
         from draftsmith.export.llamacpp.tools import find_llama_cpp
 
-        given = Path(flags_of(self.name, opts).target_gguf).resolve() if flags_of(self.name, opts).target_gguf else None
+        target_gguf = flags_of(self.name, opts).target_gguf
+        if target_gguf:
+            refuse_special_file(target_gguf, "--target-gguf")  # a FIFO, device or directory says what it is
+        given = Path(target_gguf).resolve() if target_gguf else None
         if given is not None and not given.is_file():
-            raise UserError(f"--target-gguf {flags_of(self.name, opts).target_gguf}: no such file; give the target's GGUF or omit the flag "
+            raise UserError(f"--target-gguf {target_gguf}: no such file; give the target's GGUF or omit the flag "
                             "to convert it")
         k = self.default_k(loaded.drafter.cfg) if opts.num_speculative_tokens is None else int(opts.num_speculative_tokens)
         self.check_k(loaded.drafter.cfg, k)
