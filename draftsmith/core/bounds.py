@@ -86,5 +86,7 @@ def check_count(value, name: str, bound: int, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= bound:
         shown = f"an integer of {len(str(abs(value)))} digits" if isinstance(value, int) and abs(value) > 10**30 \
             else repr(value)
+        if isinstance(value, int) and not isinstance(value, bool) and value < minimum:
+            raise UserError(f"{name} {shown}: must be >= {minimum}")
         raise UserError(f"{name} {shown}: must lie in {minimum}..{bound:,}; give a smaller value")
     return value

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from draftsmith.commands.eval_options import EvalOptions, check_args
+from draftsmith.eval.options import EvalOptions, check_args
 
 from draftsmith.cli import main as cli_main
 from draftsmith.commands import profile
@@ -46,7 +46,8 @@ def test_profile_repeats_is_bounded_before_anything_runs(monkeypatch, value):
     parser = argparse.ArgumentParser()
     profile.add_arguments(parser)
     args = parser.parse_args(["runs/x/final", "--repeats", str(value)])
-    with pytest.raises(UserError, match=f"--repeats {value}: must lie in 1..{MAX_REPEATS:,}"):
+    want = "must be >= 1" if value < 1 else f"must lie in 1..{MAX_REPEATS:,}"  # below the range: the minimum
+    with pytest.raises(UserError, match=f"--repeats {value}: {want}"):
         profile.main(args)
 
 

@@ -14,7 +14,7 @@ import dataclasses
 import typing
 
 import pytest
-from draftsmith.commands.eval_options import EvalOptions
+from draftsmith.eval.options import EvalOptions
 from hypothesis import given
 from hypothesis import strategies as st
 
