@@ -32,3 +32,15 @@ def batch_for(target, drafter=None, b: int = 2, s: int = 12, seed: int = 0, *, r
     required = set(drafter.required_features) if required is None else set(required)
     layers = (drafter.feature_layers() if drafter is not None else []) if layers is None else list(layers)
     return features.complete(target, batch, required, layers)
+
+
+def reply_json(handler, obj, status: int = 200) -> None:
+    """A test server's JSON answer (an http.server handler: status, Content-Type, Content-Length, the body)."""
+    import json
+
+    payload = json.dumps(obj).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(payload)))
+    handler.end_headers()
+    handler.wfile.write(payload)

@@ -12,6 +12,7 @@ import torch
 from draftsmith.config import DataConfig, RegenerateConfig
 from draftsmith.data import chat, regenerate
 from draftsmith.testing import tiny_target
+from tests.helpers import reply_json
 
 
 def _conv(i, turns=1):
@@ -108,12 +109,7 @@ class _Stub(BaseHTTPRequestHandler):
         n_user = sum(m["role"] == "user" for m in body.get("messages", []))
         answer = f"answer to [{text}] after {n_user - 1} turns"
         choice = {"message": {"role": "assistant", "content": answer}} if "messages" in body else {"text": answer}
-        payload = json.dumps({"choices": [choice]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+        reply_json(self, {"choices": [choice]})
 
     def log_message(self, *args):
         pass

@@ -15,6 +15,7 @@ import pytest
 from draftsmith.config import DataConfig, RegenerateConfig
 from draftsmith.core.errors import UserError
 from draftsmith.data import regenerate
+from tests.helpers import reply_json
 
 SLOW = 0.4  # seconds per answer; 6 rows one at a time keep the first run busy for about 2.4 s
 ROWS = 6
@@ -29,12 +30,7 @@ class _SlowStub(BaseHTTPRequestHandler):
         _SlowStub.requests.append((time.monotonic(), body["messages"][-1]["content"]))
         _SlowStub.first.set()
         time.sleep(SLOW)
-        payload = json.dumps({"choices": [{"message": {"role": "assistant", "content": "ok"}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+        reply_json(self, {"choices": [{"message": {"role": "assistant", "content": "ok"}}]})
 
     def log_message(self, *args):
         pass

@@ -16,6 +16,7 @@ from draftsmith.config import DataConfig, RegenerateConfig
 from draftsmith.data import formats, regenerate
 from draftsmith.data.dataset import build_dataset
 from draftsmith.testing import byte_tokenizer
+from tests.helpers import reply_json
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}
 
@@ -128,11 +129,7 @@ class _Stub(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
-        payload = json.dumps({"choices": [{"message": {"role": "assistant", "content": "ok"}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+        reply_json(self, {"choices": [{"message": {"role": "assistant", "content": "ok"}}]})
 
     def log_message(self, *args):
         pass
