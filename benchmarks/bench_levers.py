@@ -123,7 +123,6 @@ def step_cost(repeats: int) -> None:
 
 
 def coverage(args) -> None:
-    import torch
 
     from draftsmith import config, data
     from draftsmith.data import draft_vocab
