@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from draftsmith.eval.options import EvalOptions, check_args
 
 from draftsmith.cli import main as cli_main
 from draftsmith.commands import profile
 from draftsmith.core.bounds import MAX_REPEATS
 from draftsmith.core.errors import UserError
+from draftsmith.eval.options import EvalOptions, check_args
 
 HUGE = 9 * 10**399
 

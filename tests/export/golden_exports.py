@@ -49,10 +49,9 @@ def _doctor(export_dir: Path, serve_command: str, version: str | None) -> list[s
 
 def collect(tmp: Path) -> dict:
     sys.path.insert(0, str(HERE.parents[1]))  # the repository root, when run as a script
-    from tests.export.conftest import make_checkpoint
-
     from draftsmith.export import EXPORTERS, can_export, engine_versions, export, formats_for
     from draftsmith.heads import DRAFTERS
+    from tests.export.conftest import make_checkpoint
 
     try:
         from draftsmith.export.layout import ExportOptions

@@ -14,12 +14,12 @@ import dataclasses
 import typing
 
 import pytest
-from draftsmith.eval.options import EvalOptions
 from hypothesis import given
 from hypothesis import strategies as st
 
 from draftsmith import config
 from draftsmith.core.flags import flag_fields
+from draftsmith.eval.options import EvalOptions
 from draftsmith.heads import DRAFTERS
 from tests.robustness import strategies as S
 from tests.robustness import world
