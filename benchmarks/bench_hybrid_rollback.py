@@ -86,9 +86,9 @@ def measure(arch: str, hidden: int, context: int, repeats: int) -> dict:
         for _ in range(repeats):
             # replay mode: snapshot, verify, restore, forward the a + 1 accepted tokens, restore again
             snap = [None]
-            rows["snapshot"].append(_time(lambda: snap.__setitem__(0, state_cache.snapshot(plain))))
+            rows["snapshot"].append(_time(lambda snap=snap: snap.__setitem__(0, state_cache.snapshot(plain))))
             rows["verify"].append(_time(lambda: model(input_ids=block, cache=plain, use_cache=True)))
-            rows["restore"].append(_time(lambda: state_cache.restore(plain, snap[0], K + 1)))
+            rows["restore"].append(_time(lambda snap=snap: state_cache.restore(plain, snap[0], K + 1)))
             rows["replay_forward"].append(_time(lambda: model(input_ids=block[:, :ACCEPTED + 1], cache=plain, use_cache=True)))
             state_cache.restore(plain, snap[0], ACCEPTED + 1)
             # keep mode: the verification forward keeps K + 1 states; the crop takes the accepted one

@@ -56,23 +56,22 @@ def _profile_speedup(run: Path):
     from draftsmith.checkpoint import read_speedup_profile
     from draftsmith.eval import profile as profile_mod
 
-    for where in (run, run / "final"):
-        profile = read_speedup_profile(where) if where.is_dir() else None
-        if not profile:
-            continue
-        try:
-            name, acc = next(iter(profile["acceptance"].items()))
-            context = profile["recommendation"][name]["context"]
-            table = profile["verify_cost"]
-            k_max = int(profile["settings"]["k_max"])
-        except (KeyError, TypeError, StopIteration, ValueError) as exc:
-            raise UserError(f"{where}/speedup_profile.json: no acceptance / verify_cost / recommendation to read "
-                            f"({exc!r:.60}); rerun `draftsmith profile`") from None
+    found = next(((w, p) for w in (run, run / "final") if w.is_dir() for p in [read_speedup_profile(w)] if p), None)
+    if found is None:  # the run's own profile first, then its final checkpoint's
+        return None, None
+    where, profile = found
+    try:
+        name, acc = next(iter(profile["acceptance"].items()))
+        context = profile["recommendation"][name]["context"]
+        table = profile["verify_cost"]
+        k_max = int(profile["settings"]["k_max"])
+    except (KeyError, TypeError, StopIteration, ValueError) as exc:
+        raise UserError(f"{where}/speedup_profile.json: no acceptance / verify_cost / recommendation to read "
+                        f"({exc!r:.60}); rerun `draftsmith profile`") from None
 
-        def speedup_at(acceptance, k):
-            if k > k_max:  # the profile measured verification widths up to k_max + 1 only
-                return float("nan")
-            return profile_mod.predict({**acc, "per_position": acceptance}, table, 1, k, context)["speedup"]
+    def speedup_at(acceptance, k):
+        if k > k_max:  # the profile measured verification widths up to k_max + 1 only
+            return float("nan")
+        return profile_mod.predict({**acc, "per_position": acceptance}, table, 1, k, context)["speedup"]
 
-        return speedup_at, profile.get("recommended_num_speculative_tokens") or None
-    return None, None
+    return speedup_at, profile.get("recommended_num_speculative_tokens") or None
