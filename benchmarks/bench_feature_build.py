@@ -73,8 +73,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         recipe = tmp / "r.yaml"
-        target_path = Path(args.target).resolve()
+        installed = args.target.startswith("installed:")  # a registry-installed target (scripts/install_*.sh)
+        target_path = args.target if installed else Path(args.target).resolve()
         if args.random_target:
+            if installed:
+                raise SystemExit("--random-target takes its tokenizer from a Hugging Face folder, not an installed: target")
             target_path = random_target(target_path, tmp / "random-target", *map(int, args.random_target.split(",")))
         recipe.write_text(yaml.safe_dump({
             "target": {"path": str(target_path), "device": "cpu"},
