@@ -159,8 +159,10 @@ class LoggingConfig:
 
 @dataclass
 class RegenerateConfig:
-    # local: batched HF generate on the target; openai: an OpenAI-compatible HTTP server.
-    generator: Literal["local", "openai"] = "local"
+    # local: batched HF generate on the target; openai: an OpenAI-compatible HTTP server; answers: the
+    # answers kept in answers_file (data/shipped_answers.py), made earlier by one of the other two.
+    generator: Literal["local", "openai", "answers"] = "local"
+    answers_file: Optional[str] = None  # generator answers: a .jsonl.gz of answers keyed by prompt
     endpoint: Optional[str] = None  # e.g. http://127.0.0.1:8000/v1
     model: Optional[str] = None  # model name sent to the endpoint
     # No API key setting here: a shared recipe must not choose which secret is sent where. The key

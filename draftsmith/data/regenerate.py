@@ -525,6 +525,10 @@ def regenerate_for_recipe(cfg, target=None, limit=None, log=print, api_key_env=N
 
         target = target or target_mod.from_config(cfg.target)
         generator = LocalGenerator(target, rc, cfg.data)
+    elif rc.generator == "answers":
+        from draftsmith.data.shipped_answers import AnswersGenerator
+
+        generator = AnswersGenerator(rc)
     else:
         tokenizer = None
         if rc.api == "completions":
