@@ -41,7 +41,7 @@ from draftsmith.core.errors import UserError  # noqa: E402
 from draftsmith.eval import metrics, workloads  # noqa: E402
 from draftsmith.eval import results as results_mod  # noqa: E402
 from draftsmith.eval.evaluate import run  # noqa: E402
-from draftsmith.eval.options import EvalOptions  # noqa: E402
+from draftsmith.eval.options import EvalOptions, NgramOptions  # noqa: E402
 
 DEFAULT_WORKLOADS = "humaneval,gsm8k,mt_bench,alpaca"
 
@@ -92,7 +92,7 @@ def kind_rows(args) -> list[dict]:
     rows = []
     if args.ngram:
         rows.append({"label": "ngram", "options": {"proposer": "ngram", "target": args.target,
-                                                   "ngram_min": args.ngram_min}, "k": args.k})
+                                                   "ngram": NgramOptions(min=args.ngram_min)}, "k": args.k})
     for spec in args.checkpoints:
         path, k = split_checkpoint(spec, args.k)
         label, options = Path(path).resolve().parent.name, {"path": path}
@@ -101,8 +101,8 @@ def kind_rows(args) -> list[dict]:
                 raise UserError(f"{spec}: behind the lookup a drafter drafts at most --k ({args.k}) tokens; "
                                 f"give --k {k} or {path}:{args.k}")
             label += "+ngram-first" + (f"-dk{k}" if k < args.k else "")
-            options = {**options, "ngram_first": True, "ngram_min": args.ngram_min,
-                       "drafter_k": k if k < args.k else None}
+            options = {**options, "ngram": NgramOptions(first=True, min=args.ngram_min,
+                                                        drafter_k=k if k < args.k else None)}
             k = args.k
         rows.append({"label": label, "options": options, "k": k})
     return rows

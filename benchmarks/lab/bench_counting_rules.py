@@ -1,4 +1,4 @@
-"""How issue 11's counting rules move the stories260K kinds-table numbers (docs/benchmarks.md).
+"""How issue 11's counting rules move the stories260K kinds-table numbers (docs/benchmarks-history.md).
 
 Trains each kind from its debug recipe (as bench_drafter_kinds.py does), runs the greedy loop on
 the same held-out prompts (mt_bench + gsm8k, 10 each, 64 new tokens, k = 5), and reports on the

@@ -77,7 +77,7 @@ def apply_engine_rules(drafter) -> dict:
 
 # ---------------------------------------------------------------- `draftsmith eval CKPT --engine llama.cpp`
 
-def check_engine_args(args) -> None:
+def check_engine_args(args: EvalOptions) -> None:
     from draftsmith.core.errors import UserError
     from draftsmith.core.files import refuse_special_file
 
@@ -87,38 +87,39 @@ def check_engine_args(args) -> None:
                 (bool(args.batch_size or args.concurrency_sweep), "--engine llama.cpp runs batch 1; drop --batch-size / "
                                                                   "--concurrency-sweep"),
                 (args.k < 1, f"--k {args.k}: --engine llama.cpp needs k >= 1"),
-                (getattr(args, "ngram_first", False),
+                (args.ngram.first,
                  "--ngram-first runs in draftsmith's loop only (no engine serves it): drop --engine or --ngram-first"),
-                (getattr(args, "drafter_k", None) is not None,
+                (args.ngram.drafter_k is not None,
                  "--drafter-k caps a drafter behind --ngram-first, which no engine serves: drop --engine or --drafter-k"),
-                (args.engine_threads < 1, f"--engine-threads {args.engine_threads}: must be >= 1"),
+                (args.llamacpp.threads < 1, f"--engine-threads {args.llamacpp.threads}: must be >= 1"),
                 (not 0 <= args.seed < 2**32, f"--seed {short_int(args.seed)}: must lie in [0, 2**32)")]
     for bad, message in problems:
         if bad:
             raise UserError(message)
-    if args.target_gguf:  # a FIFO, device or directory was called "no such file"
-        refuse_special_file(args.target_gguf, "--target-gguf")
+    if args.llamacpp.target_gguf:  # a FIFO, device or directory was called "no such file"
+        refuse_special_file(args.llamacpp.target_gguf, "--target-gguf")
 
 
-def engine_files(args, loaded, work: Path) -> dict:
+def engine_files(args: EvalOptions, loaded, work: Path) -> dict:
     """The GGUF files to serve: --engine-export DIR, else a fresh --to llama.cpp export into `work`."""
     from draftsmith.core.errors import UserError
     from draftsmith.export.llamacpp.layouts import export_llamacpp, layout_of, read_export_dir
 
-    if args.engine_export:
-        side = read_export_dir(args.engine_export)
+    llamacpp = args.llamacpp
+    if llamacpp.export:
+        side = read_export_dir(llamacpp.export)
         if side["drafter_kind"] != loaded.drafter.kind:
-            raise UserError(f"--engine-export {args.engine_export} holds a {side['drafter_kind'][:40]} drafter, the "
+            raise UserError(f"--engine-export {llamacpp.export} holds a {side['drafter_kind'][:40]} drafter, the "
                             f"checkpoint a {loaded.drafter.kind}; export this checkpoint with --to llama.cpp")
         expected = layout_of(loaded.drafter.kind).spec_type
         if side["spec_type"] != expected:
-            raise UserError(f"--engine-export {args.engine_export}: draftsmith.json says spec_type "
+            raise UserError(f"--engine-export {llamacpp.export}: draftsmith.json says spec_type "
                             f"{side['spec_type'][:40]!r}, a {loaded.drafter.kind} export serves as {expected!r}; "
                             "export this checkpoint again with --to llama.cpp")
-        if args.target_gguf:
-            side["target"] = str(Path(args.target_gguf).resolve())
+        if llamacpp.target_gguf:
+            side["target"] = str(Path(llamacpp.target_gguf).resolve())
         return side
-    result = export_llamacpp(args.path, work / "llamacpp", target_gguf=args.target_gguf, k=args.k, loaded=loaded)
+    result = export_llamacpp(args.path, work / "llamacpp", target_gguf=llamacpp.target_gguf, k=args.k, loaded=loaded)
     return {"draft": str(result.draft), "target": str(result.target), "spec_type": result.spec_type,
             "exported_to": "a temporary directory (pass --engine-export DIR to keep one)"}
 
@@ -142,7 +143,7 @@ def run(args: EvalOptions) -> int:
     if why:
         raise UserError(why.replace("--to llama.cpp", "--engine llama.cpp"))
     check_k(loaded.drafter, args.k)
-    compare_setups(args.engine_compare, "draft")  # a bad --engine-compare fails here, before any decoding
+    compare_setups(args.llamacpp.compare, "draft")  # a bad --engine-compare fails here, before any decoding
     tools = find_llama_cpp()
     target, drafter = loaded.target, loaded.drafter
     applied = apply_engine_rules(drafter)
@@ -156,13 +157,13 @@ def run(args: EvalOptions) -> int:
     with tempfile.TemporaryDirectory(prefix="draftsmith-engine-") as work:
         files = engine_files(args, loaded, Path(work))
         problems = gguf_problems(Path(files["draft"]), drafter)  # what llama.cpp reads differently
-        setups = compare_setups(args.engine_compare, files["spec_type"])
+        setups = compare_setups(args.llamacpp.compare, files["spec_type"])
         per_workload = {name: compare_on_workload(args, tools, files, target, proposer, name, prompt_format, problems,
                                                   setups)
                         for name in names}
     config = engine_results_config(args, target, prompt_format, names, recipe)
     config["engine"] = {"name": "llama.cpp", "version": tools.version(), "server": str(tools.server),
-                        "spec_type": files["spec_type"], "threads": args.engine_threads,
+                        "spec_type": files["spec_type"], "threads": args.llamacpp.threads,
                         "draft_gguf": files["draft"], "target_gguf": files["target"],
                         "gguf_problems": problems, "draftsmith_drafter_options": applied,
                         "compare": setups}
@@ -204,7 +205,8 @@ def compare_on_workload(args: EvalOptions, tools, files: dict, target, proposer,
     print(f"[eval --engine llama.cpp] {name}: {len(prompts)} prompts, k={args.k}, "
           f"{args.max_new_tokens} tokens each (greedy, EOS ignored) ...", flush=True)
     ds_requests, ds_base = draftsmith_side(target, proposer, prompts, args.k, args.max_new_tokens)
-    spec, base, others = engine_side(tools, files, prompts, args.k, args.max_new_tokens, args.engine_threads, setups)
+    spec, base, others = engine_side(tools, files, prompts, args.k, args.max_new_tokens, args.llamacpp.threads,
+                                      setups)
     section, aggregate = compare_workload(ds_requests, ds_base, spec, base, args.k, problems, others)
     mismatches = []
     for item, r, (_, truncated) in zip(items, ds_requests, encoded):

@@ -55,10 +55,11 @@ def _load_checkpoint(args: EvalOptions):
     loaded = load_drafter(args.path, device=device, target=given, trust_remote_code=args.trust_remote_code,
                           dtype=args.dtype)
     name, lookup = Path(args.path).resolve().parent.name, None
-    drafter_k = args.drafter_k if args.drafter_k is not None and args.drafter_k < args.k else None  # = --k: no cap
-    if args.ngram_first:
-        lookup = {"max_ngram": args.ngram_max, "min_ngram": args.ngram_min, "match": args.ngram_match}
-        name += f"+ngram-first(max={args.ngram_max},min={args.ngram_min},{args.ngram_match}"
+    ngram = args.ngram
+    drafter_k = ngram.drafter_k if ngram.drafter_k is not None and ngram.drafter_k < args.k else None  # = --k: no cap
+    if ngram.first:
+        lookup = ngram.lookup()
+        name += f"+ngram-first(max={ngram.max},min={ngram.min},{ngram.match}"
         name += f",drafter_k={drafter_k})" if drafter_k is not None else ")"
     identity = checkpoint_identity(loaded, args.path, name, lookup and {**lookup, "drafter_k": drafter_k})
     proposer = proposers.from_drafter(loaded.drafter, loaded.target, ngram_first=lookup, drafter_k=drafter_k)
@@ -82,8 +83,8 @@ def _load_proposer(args: EvalOptions):
                                 revision=args.draft_revision, trust_remote_code=args.trust_remote_code)
         identity = {"kind": kind, **draft.identity(), "path": args.draft_model}
         return target, proposers.build(kind, target, draft_model=draft), identity
-    options = {"max_ngram": args.ngram_max, "min_ngram": args.ngram_min, "match": args.ngram_match}
-    identity = {"kind": kind, "name": f"{kind}(max={args.ngram_max},min={args.ngram_min},{args.ngram_match})",
+    ngram, options = args.ngram, args.ngram.lookup()
+    identity = {"kind": kind, "name": f"{kind}(max={ngram.max},min={ngram.min},{ngram.match})",
                 "path": None, "fingerprint": None, "num_params": 0, "options": options}
     return target, proposers.build(kind, target, **options), identity
 

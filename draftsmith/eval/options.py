@@ -1,5 +1,6 @@
 """Every option of `draftsmith eval`, declared once: each EvalOptions field is one flag (core/flags.py), with
-its name, type, default and help, so adding an eval option is one edit here. `check_args` refuses
+its name, type, default and help, so adding an eval option is one edit here; the n-gram and llama.cpp options
+sit in their own groups (NgramOptions, LlamacppOptions), flat on the command line. `check_args` refuses
 out-of-range values with one line naming the flag and the fix, before anything loads."""
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Optional
 
 from draftsmith.core.errors import UserError
 from draftsmith.core.files import check_output_file
-from draftsmith.core.flags import add_flags, flag, from_namespace
+from draftsmith.core.flags import add_flags, flag, from_namespace, group
 from draftsmith.eval.proposers import PROPOSERS
 from draftsmith.eval.workloads import GROUPS, PROMPT_FORMATS, WORKLOADS
 
@@ -20,10 +21,49 @@ def _workloads_help() -> str:
     return f"comma-separated: {', '.join(sorted(set(WORKLOADS.names()) | set(GROUPS)))}, jsonl:PATH"
 
 
+@dataclass(frozen=True)
+class NgramOptions:
+    """Prompt lookup: the n-gram proposer's options (--proposer ngram, or the lookup --ngram-first puts in front of
+    a checkpoint's drafter); each field is its flag, named apart: `ngram.max` is --ngram-max."""
+
+    max: int = flag(3, name="ngram_max", help="ngram proposer: longest n-gram matched")
+    min: int = flag(1, name="ngram_min", help="ngram proposer: shortest n-gram matched")
+    match: str = flag("first", name="ngram_match", choices=["first", "last"], help="ngram: earliest or latest match")
+    first: bool = flag(False, name="ngram_first",
+                       help="with a checkpoint PATH: prompt lookup (--ngram-max/--ngram-min/--ngram-match) drafts "
+                            "every round where it finds a match, the checkpoint's drafter only the rounds where it "
+                            "finds none (chains)")
+    drafter_k: Optional[int] = flag(None, help="--ngram-first: the drafter's rounds draft at most this many tokens, the "
+                                               "lookup's up to --k (default: --k for both; a long copy costs nothing to draft)")
+
+    def lookup(self) -> dict:
+        """The n-gram proposer's keywords (NgramProposer's, and the results' record of the lookup)."""
+        return {"max_ngram": self.max, "min_ngram": self.min, "match": self.match}
+
+
+@dataclass(frozen=True)
+class LlamacppOptions:
+    """What `--engine llama.cpp` serves and how (commands/eval_engine.py); each field is its flag, named apart:
+    `llamacpp.threads` is --engine-threads."""
+
+    export: Optional[str] = flag(None, name="engine_export", metavar="DIR",
+                                 help="--engine: a `draftsmith export --to llama.cpp` directory (default: export into "
+                                      "a temp dir)")
+    target_gguf: Optional[str] = flag(None, help="--engine: the target's GGUF (default: converted by the export)")
+    threads: int = flag(1, name="engine_threads", help="--engine: threads of each llama-server (1: ggml's spinning "
+                                                       "threads lose badly on a busy 2-core machine)")
+    compare: str = flag("", name="engine_compare", metavar="TYPES",
+                        help="--engine: also serve llama.cpp's own proposers on the same prompts, each against the "
+                             "same target-only server: comma-separated --spec-type values (ngram-simple, ngram-map-k, "
+                             "ngram-map-k4v, ngram-mod, ngram-cache), `draft+T` for the drafter chained with T "
+                             "(llama.cpp tries T first), or `ngram` for all five and their chains")
+
+
 @dataclass
 class EvalOptions:
-    """Every option of `draftsmith eval`, typed; each field is its flag (the field's default is the flag's):
-    run(EvalOptions(path="runs/x/final", workloads="mt_bench", k=4))."""
+    """Every option of `draftsmith eval`, typed; each field is its flag (the field's default is the flag's), the
+    n-gram and llama.cpp ones in their groups: run(EvalOptions(path="runs/x/final", workloads="mt_bench", k=4,
+    ngram=NgramOptions(first=True)))."""
 
     path: Optional[str] = flag(None, positional=True, nargs="?",
                                help="a training checkpoint dir (runs/NAME/final); omit with --proposer/--draft-model")
@@ -39,14 +79,7 @@ class EvalOptions:
                                                "config.yaml)")
     proposer: Optional[str] = flag(None, choices=lambda: sorted(PROPOSERS.names()),
                                    help="proposer kind without a checkpoint (default: draft_lm with --draft-model)")
-    ngram_max: int = flag(3, help="ngram proposer: longest n-gram matched")
-    ngram_min: int = flag(1, help="ngram proposer: shortest n-gram matched")
-    ngram_match: str = flag("first", choices=["first", "last"], help="ngram: earliest or latest match")
-    ngram_first: bool = flag(False, help="with a checkpoint PATH: prompt lookup (--ngram-max/--ngram-min/--ngram-match) "
-                                         "drafts every round where it finds a match, the checkpoint's drafter only the "
-                                         "rounds where it finds none (chains)")
-    drafter_k: Optional[int] = flag(None, help="--ngram-first: the drafter's rounds draft at most this many tokens, the "
-                                               "lookup's up to --k (default: --k for both; a long copy costs nothing to draft)")
+    ngram: NgramOptions = group(NgramOptions)
     workloads: str = flag("spec_bench", help=_workloads_help)
     k: int = flag(5, help="draft tokens per round (chain drafting), 1..64 (k = 0, target-only decoding, is the baseline "
                           "every run measures)")
@@ -94,16 +127,7 @@ class EvalOptions:
     engine: Optional[str] = flag(None, choices=["llama.cpp"],
                                  help="train-to-serve parity: also serve the drafter in this engine on the same prompts "
                                       "(commands/eval_engine.py)")
-    engine_export: Optional[str] = flag(None, metavar="DIR", help="--engine: a `draftsmith export --to llama.cpp` "
-                                                                  "directory (default: export into a temp dir)")
-    target_gguf: Optional[str] = flag(None, help="--engine: the target's GGUF (default: converted by the export)")
-    engine_threads: int = flag(1, help="--engine: threads of each llama-server (1: ggml's spinning threads lose badly "
-                                       "on a busy 2-core machine)")
-    engine_compare: str = flag("", metavar="TYPES",
-                               help="--engine: also serve llama.cpp's own proposers on the same prompts, each against "
-                                    "the same target-only server: comma-separated --spec-type values (ngram-simple, "
-                                    "ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache), `draft+T` for the drafter "
-                                    "chained with T (llama.cpp tries T first), or `ngram` for all five and their chains")
+    llamacpp: LlamacppOptions = group(LlamacppOptions)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "EvalOptions":
@@ -138,22 +162,24 @@ def check_args(args: EvalOptions) -> None:
                 (args.top_k < 0, f"--top-k {args.top_k}: must be >= 0 (0: off)"),
                 (finite and not 0.0 < args.top_p <= 1.0, f"--top-p {args.top_p}: must lie in (0, 1] (1: off)"),
                 (args.batch_size is not None and args.batch_size < 1, f"--batch-size {args.batch_size}: must be >= 1"),
-                (args.ngram_first and not args.path,
+                (args.ngram.first and not args.path,
                  "--ngram-first puts a checkpoint's drafter behind prompt lookup: give the checkpoint PATH "
                  "(for prompt lookup alone use --proposer ngram)"),
-                (args.ngram_first and bool(args.tree), "--ngram-first drafts chains: drop --tree"),
-                (args.drafter_k is not None and not args.ngram_first,
-                 f"--drafter-k {args.drafter_k}: caps the drafter's rounds behind prompt lookup; add --ngram-first, "
+                (args.ngram.first and bool(args.tree), "--ngram-first drafts chains: drop --tree"),
+                (args.ngram.drafter_k is not None and not args.ngram.first,
+                 f"--drafter-k {args.ngram.drafter_k}: caps the drafter's rounds behind prompt lookup; add --ngram-first, "
                  "or set --k for a drafter alone"),
-                (args.drafter_k is not None and not 1 <= args.drafter_k <= args.k,
-                 f"--drafter-k {args.drafter_k}: must lie in 1..--k ({args.k}): with --ngram-first the lookup drafts up to --k"),
+                (args.ngram.drafter_k is not None and not 1 <= args.ngram.drafter_k <= args.k,
+                 f"--drafter-k {args.ngram.drafter_k}: must lie in 1..--k ({args.k}): with --ngram-first the lookup "
+                 "drafts up to --k"),
                 (not [w for w in args.workloads.split(",") if w.strip()],
                  f"--workloads {args.workloads!r}: names no workload; give e.g. --workloads spec_bench,mt_bench"),
                 (args.dtype is not None and args.dtype not in DTYPES,
                  f"--dtype {args.dtype!r}: choose one of {', '.join(DTYPES)}")]
-    engine_only = [name for name, given in (("--engine-export", args.engine_export), ("--target-gguf", args.target_gguf),
-                                            ("--engine-threads", args.engine_threads != 1),
-                                            ("--engine-compare", args.engine_compare)) if given]
+    llamacpp = args.llamacpp
+    engine_only = [name for name, given in (("--engine-export", llamacpp.export), ("--target-gguf", llamacpp.target_gguf),
+                                            ("--engine-threads", llamacpp.threads != 1),
+                                            ("--engine-compare", llamacpp.compare)) if given]
     problems.append((bool(engine_only) and not args.engine,
                      f"{' and '.join(engine_only)} set up the engine run: add --engine llama.cpp, or drop "
                      f"{'them' if len(engine_only) > 1 else 'it'}"))

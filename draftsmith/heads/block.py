@@ -349,8 +349,8 @@ class BlockConfig:
     # Draft decoder layers (the paper: 5 on Qwen3-8B; 1-2 suffice on tiny targets).
     num_layers: int = 1
     # Blocks trained per sequence (anchors drawn at random among loss positions). 128 since issue 21: more
-    # blocks per step was the largest single gain at a fixed step budget (docs/benchmarks.md, "Block
-    # drafters side by side"); speculators trains up to 512 per packed row; the step's cost grows ~linearly.
+    # blocks per step was the largest single gain at a fixed step budget (docs/benchmarks-history.md,
+    # "DFlash ablation"); speculators trains up to 512 per packed row; the step's cost grows ~linearly.
     num_anchors: int = 128
     # DFlash: slot i's loss weight is exp(-(i - 1) / loss_decay_gamma) (the paper: 7 for B=16, 4 for B=8).
     loss_decay_gamma: float = 4.0

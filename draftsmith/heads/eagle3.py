@@ -70,7 +70,7 @@ class Eagle3Drafter(Drafter):
         # Training-time-test unroll length: how many chained draft steps are trained.
         ttt_steps: int = 7
         # Loss weight of unroll step t is step_decay ** t (later steps matter less; with the other
-        # defaults 0.8 beat 1.0 by 0.05 tau on stories260K, docs/benchmarks.md "EAGLE-3 ablation").
+        # defaults 0.8 beat 1.0 by 0.05 tau on stories260K, docs/benchmarks-history.md "EAGLE-3 ablation").
         step_decay: float = 0.8
         # Draft layer shape; None copies the target's. head_dim may differ from the target's (Model Optimizer's
         # default EAGLE-3 layer: 32 heads x 128, 8 kv heads, intermediate 14336, whatever the target).

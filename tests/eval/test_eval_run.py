@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-from dataclasses import fields
 
 from draftsmith.commands import eval as eval_command
 from draftsmith.commands import profile as profile_cli
+from draftsmith.core.flags import all_flags, flag_dest
 from draftsmith.eval import evaluate as eval_cli
 from draftsmith.eval import profile
 
@@ -22,7 +22,7 @@ def parser_defaults(module) -> dict:
 
 def test_eval_options_carry_every_flag_with_its_default():
     flags = parser_defaults(eval_command)  # the flags live in the command, run in eval/evaluate.py
-    typed = {f.name: f.default for f in fields(eval_cli.EvalOptions)}
+    typed = {flag_dest(f): f.default for _, f in all_flags(eval_cli.EvalOptions)}  # the groups' flags too
     assert typed == flags
 
 

@@ -10,6 +10,7 @@ trained drafter where it does not, and the drafter's deferred commits change not
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -21,6 +22,7 @@ from test_verification import chi_square_pvalue
 from draftsmith.cli import main as cli_main
 from draftsmith.core.sampling import SamplingParams
 from draftsmith.eval.loop import LoopConfig, generate, generate_batch
+from draftsmith.eval.options import NgramOptions
 from draftsmith.eval.proposers import NgramFirstProposer, NgramProposer
 from draftsmith.heads import DRAFTERS
 from draftsmith.heads.draft_lm import DraftModelProposer
@@ -183,10 +185,10 @@ def test_eval_records_the_split_and_names_the_hybrid(ckpt, tmp_path):
     split = next(iter(res["workloads"].values()))["ngram_first_rounds"]
     assert split["ngram"] + split["drafter"] > 0
     from draftsmith.eval import evaluate as eval_cli  # the flag reaches the proposer the loop drives
-    args = eval_cli.EvalOptions(path=str(ckpt), ngram_first=True, k=3, drafter_k=2, device="cpu")
+    args = eval_cli.EvalOptions(path=str(ckpt), ngram=NgramOptions(first=True, drafter_k=2), k=3, device="cpu")
     _, proposer, _ = eval_cli._load(args)
     assert isinstance(proposer, NgramFirstProposer) and proposer.drafter_k == 2
-    args.drafter_k = 3  # = --k: the same run as no flag, named and recorded as such
+    args.ngram = dataclasses.replace(args.ngram, drafter_k=3)  # = --k: the same run as no flag, named and recorded as such
     _, proposer, identity = eval_cli._load(args)
     assert proposer.drafter_k is None and identity["ngram_first"]["drafter_k"] is None
     assert identity["name"].endswith("+ngram-first(max=3,min=1,first)")

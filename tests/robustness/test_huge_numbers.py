@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from draftsmith import config
-from draftsmith.core.flags import flag_fields
+from draftsmith.core.flags import all_flags, flag_name
 from draftsmith.eval.options import EvalOptions
 from draftsmith.heads import DRAFTERS
 from tests.robustness import strategies as S
@@ -90,9 +90,9 @@ def test_train_known_huge_keys(check, key):
 
 # --------------------------------------------------------------------------- flags
 
-EVAL_NUMERIC = sorted("--" + f.name.replace("_", "-") for f in flag_fields(EvalOptions)
-                      if typing.get_type_hints(EvalOptions)[f.name] in (int, float, typing.Optional[int],
-                                                                         typing.Optional[float]))
+EVAL_NUMERIC = sorted(flag_name(f) for owner, f in all_flags(EvalOptions)  # the n-gram and llama.cpp groups' too
+                      if typing.get_type_hints(owner)[f.name] in (int, float, typing.Optional[int],
+                                                                  typing.Optional[float]))
 ENGINE_ONLY = {"--engine-threads"}  # refused without --engine before anything runs
 
 
