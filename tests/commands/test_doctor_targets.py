@@ -43,12 +43,13 @@ def qwen3_next_vllm(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def llama_exports(tmp_path_factory):
-    return build_exports(tmp_path_factory.mktemp("doctor-llama"), [("eagle3", "sglang"), ("eagle3", "trtllm")])
+    return build_exports(tmp_path_factory.mktemp("doctor-llama"), [("eagle3", "sglang"), ("eagle3", "trtllm"),
+                                                                    ("eagle3", "vllm")])
 
 
-def as_target(export_dir: Path, tmp_path: Path, model_type: str) -> Path:
-    """A copy of an export whose sidecar records a target of `model_type` (what an older draftsmith, which had no
-    target table, wrote for such a target)."""
+def as_target(export_dir: Path, tmp_path: Path, model_type: str, text_model_type: str | None = None) -> Path:
+    """A copy of an export whose sidecar records a target of `model_type` (and, when given, a text model of
+    `text_model_type` under target_architecture): what an older draftsmith, which had no target table, wrote."""
     dst = tmp_path / f"as-{model_type}"
     shutil.copytree(export_dir, dst)
     for name in ("draftsmith.json", "extra_llm_api_options.yaml"):  # the files that name the export's directory
@@ -56,6 +57,8 @@ def as_target(export_dir: Path, tmp_path: Path, model_type: str) -> Path:
             (dst / name).write_text((dst / name).read_text().replace(str(export_dir), str(dst)))
     side = json.loads((dst / "draftsmith.json").read_text())
     side["verifier"]["model_type"] = model_type
+    if text_model_type is not None:
+        side["target_architecture"]["model_type"] = text_model_type
     (dst / "draftsmith.json").write_text(json.dumps(side))
     return dst
 
@@ -113,6 +116,17 @@ def test_trtllm_snapshot_table_is_asked_without_a_release(llama_exports, capsys,
     directory = as_target(llama_exports[("eagle3", "trtllm")], tmp_path, "nemotron_h")  # its layers capture
     code, lines = run(capsys, directory, "--", served(directory))
     assert code == 0 and not target_lines(lines), lines
+
+
+def test_text_model_type_is_asked_when_the_verifiers_is_not_listed(llama_exports, capsys, tmp_path):
+    """A verifier recorded under a model_type the tables do not list: its text model's model_type (target_architecture)
+    is asked (Qwen3.5 text: vLLM 0.20 has no model class for qwen3_5_text)."""
+    directory = as_target(llama_exports[("eagle3", "vllm")], tmp_path, "some_wrapper", "qwen3_5_text")
+    code, lines = run(capsys, directory, "--engine-version", "0.20.0", "--", served(directory))
+    assert code == 1, lines
+    line, = target_lines(lines)
+    assert "vLLM 0.20.0 has no model class for a qwen3_5_text target (model_executor/models/registry.py)" in line
+    assert "fix: serve with vLLM 0.33.0" in line
 
 
 def test_one_line_each(qwen3_next_vllm, capsys):
