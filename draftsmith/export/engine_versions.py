@@ -191,23 +191,32 @@ class TargetTable:
         """One line naming the gap when release `version` (None: the newest read) cannot serve a `kind` drafter for
         a target of `target_config`; [] when it can or the table does not list its model_type."""
         model_type = str(getattr(target_config, "model_type", ""))
-        if model_type not in self._rows:
-            return []
         release = version or self.releases[-1]
-        if self.serves(model_type, release, kind):
+        gap = self.gap(model_type, release, kind)
+        if gap is None:
             return []
-        target = self.get(model_type, release)
-        if target is None:
-            gap = (f"{self.engine} {release} has no model class for a {model_type} target ({self.registry}), so it "
-                   f"serves no {kind} drafters for it")
-        else:
-            gap = (f"{self.engine} {release} cannot serve {kind} drafters for a {model_type} target: its {target.cls} "
-                   f"({target.source}) " + (target.why or f"lacks {self.needs(kind).what}"))
-        others = [r for r in self.releases if r != release and self.serves(model_type, r, kind)
-                  and (r not in versions(self.fmt) or serving(self.fmt, r, kind).served)]
+        others = [r for r in self.serving_releases(model_type, kind) if r != release]
         fix = (f"{self.engine} {others[-1]} does: pass --engine-version {others[-1]}" if others
                else f"no {self.engine} release draftsmith has read does: export another kind or format")
         return [f"--to {self.fmt}: {gap}; {fix}"]
+
+    def gap(self, model_type: str, release: str, kind: str) -> str | None:
+        """Why release `release` serves no `kind` drafter for a `model_type` target, in one line naming the engine,
+        the release, the model class and the file it was read from; None when it does or the table has no row."""
+        if model_type not in self._rows or self.serves(model_type, release, kind):
+            return None
+        target = self.get(model_type, release)
+        if target is None:
+            return (f"{self.engine} {release} has no model class for a {model_type} target ({self.registry}), so it "
+                    f"serves no {kind} drafters for it")
+        return (f"{self.engine} {release} cannot serve {kind} drafters for a {model_type} target: its {target.cls} "
+                f"({target.source}) " + (target.why or f"lacks {self.needs(kind).what}"))
+
+    def serving_releases(self, model_type: str, kind: str) -> list[str]:
+        """The releases read (oldest first) that serve `kind` drafters for a `model_type` target: the target's model
+        class has what the kind needs, and the release serves the kind at all (SERVING)."""
+        return [r for r in self.releases if self.serves(model_type, r, kind)
+                and (r not in versions(self.fmt) or serving(self.fmt, r, kind).served)]
 
 
 TARGETS: dict[str, TargetTable] = {}  # format -> its table (export/<engine>/targets.py registers it on import)

@@ -11,6 +11,14 @@ shorter context) would be run past its trained positions on long requests, so it
 the export is limited with max_model_len (--max-model-len N <= the draft's positions): that limit is
 recorded in draftsmith.json and the serve command carries `--max-model-len N`. init: shrink copies the
 target's config, so it always covers the target's context.
+
+Hybrid targets (issue 42): config.json is written by transformers' save_pretrained, then any key an engine reads
+(required_config_keys) that transformers 5 keeps only as a derived attribute is written out with the value transformers
+reads: Nemotron-H's num_hidden_layers (a property, the length of layers_block_type) and Kimi-Linear's
+max_position_embeddings (an attribute_map alias of model_max_length). A float JSON cannot hold (Falcon-H1's and
+Granite-4's time_step_limit [0, inf]) stays as transformers writes it, {"__float__": "Infinity"}, which its
+from_pretrained decodes; the gate decodes it the same way. The gate then reads config.json back through transformers
+and requires the same config as the trained draft's (same model built).
 """
 from __future__ import annotations
 
@@ -94,8 +102,9 @@ class HFDraftLMLayout(Layout):
         if flags_of(self.name, opts).max_model_len is not None:
             extra["max_model_len"] = int(flags_of(self.name, opts).max_model_len)
         side = sidecar(loaded, self.name, self.engine, opts, extra)
+        keys = self.required_config_keys()
         return ExportFiles(config={}, tensors={}, sidecar=side,
-                           writer=lambda directory: d.save_hf(directory, target.tokenizer, dtype))
+                           writer=lambda directory: write_draft_lm(d, Path(directory), target.tokenizer, dtype, keys))
 
     def required_config_keys(self) -> list[str]:
         return ["architectures", "model_type", "vocab_size", "hidden_size", "num_hidden_layers",
@@ -104,7 +113,7 @@ class HFDraftLMLayout(Layout):
     def expected_tensors(self, config: dict) -> dict[str, TensorSpec]:
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        hf_config = AutoConfig.for_model(**config)
+        hf_config = AutoConfig.for_model(**decode_tagged_floats(config))
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(hf_config)
         dtype = getattr(torch, config.get("dtype") or config.get("torch_dtype") or "float32")
@@ -124,6 +133,7 @@ class HFDraftLMLayout(Layout):
         limit = json.loads((export_dir / SIDECAR_FILE).read_text()).get("max_model_len")
         problems = check_positions(config["max_position_embeddings"], loaded.target.config.max_position_embeddings, limit)
         problems += carried_field_problems(config, loaded.target.config)
+        problems += readback_problems(export_dir, loaded.drafter.merged_model())
         tokenizer = AutoTokenizer.from_pretrained(str(export_dir))
         if tokenizer.get_vocab() != loaded.target.tokenizer.get_vocab():
             problems.append("tokenizer: the exported tokenizer's vocabulary differs from the target's")
@@ -143,6 +153,76 @@ class HFDraftLMLayout(Layout):
         spec = json.dumps({"model": str(out_dir), "num_speculative_tokens": k, "method": "draft_model"})
         limit = f" --max-model-len {int(flags_of(self.name, opts).max_model_len)}" if flags_of(self.name, opts).max_model_len is not None else ""
         return f"vllm serve {shlex.quote(verifier_name(loaded, opts))}{limit} --speculative-config {shlex.quote(spec)}"
+
+
+def write_draft_lm(drafter, directory: Path, tokenizer, dtype, keys: list[str]) -> None:
+    """The draft LM's HF directory (DraftLMDrafter.save_hf), then the engine-read `keys` transformers left implicit."""
+    drafter.save_hf(directory, tokenizer, dtype)
+    spell_out_derived_keys(directory / "config.json", keys)
+
+
+def spell_out_derived_keys(path: Path, keys: list[str]) -> list[str]:
+    """Write into config.json each of `keys` the file lacks but transformers' config answers (a property or an
+    attribute_map alias), with the value transformers reads; a file with all of them is left byte for byte.
+    Returns the keys written."""
+    from transformers import AutoConfig
+
+    from draftsmith.core.files import read_json_object
+
+    raw = read_json_object(path, "draft LM's config.json")
+    missing = [k for k in keys if k not in raw]
+    if not missing:
+        return []
+    read = AutoConfig.from_pretrained(str(path.parent))
+    added = {k: getattr(read, k) for k in missing if getattr(read, k, None) is not None}
+    if added:  # the layout transformers' to_json_string writes: sorted keys, indent 2
+        path.write_text(json.dumps({**raw, **added}, indent=2, sort_keys=True) + "\n")
+    return sorted(added)
+
+
+FLOAT_TAG = "__float__"  # transformers' JSON spelling of a float JSON cannot hold: {"__float__": "Infinity"}
+TAGGED_FLOATS = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
+
+
+def decode_tagged_floats(value):
+    """config.json as transformers' from_pretrained reads it: {"__float__": "Infinity"} -> inf, anywhere."""
+    if isinstance(value, dict):
+        if set(value) == {FLOAT_TAG} and value[FLOAT_TAG] in TAGGED_FLOATS:
+            return TAGGED_FLOATS[value[FLOAT_TAG]]
+        return {k: decode_tagged_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decode_tagged_floats(v) for v in value]
+    return value
+
+
+READBACK_IGNORED = ("dtype", "torch_dtype", "transformers_version", "_name_or_path")  # the export's dtype is its own
+
+
+def readback_problems(export_dir: Path, trained) -> list[str]:
+    """config.json read back by transformers must be the trained draft model's config (every key but the dtype and
+    the writer's version; architectures as save_pretrained fills it): else the engine would build another model than
+    the one validated."""
+    from transformers import AutoConfig
+
+    try:
+        read = AutoConfig.from_pretrained(str(export_dir)).to_dict()
+    except (ValueError, TypeError, OSError) as exc:  # transformers' strict config validation
+        return [f"config.json: transformers cannot read it back ({type(exc).__name__}: {str(exc).splitlines()[0]})"]
+    want = {**trained.config.to_dict(), "architectures": [type(trained).__name__]}
+    differ = sorted(k for k in set(read) | set(want) if k not in READBACK_IGNORED and not _same(read.get(k), want.get(k)))
+    return [f"config.json: transformers reads back {k}={read.get(k)!r}, the trained draft has {want.get(k)!r}"
+            for k in differ]
+
+
+def _same(a, b) -> bool:
+    """Equal as JSON holds them (a tuple reads back as a list); NaN equals NaN."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return set(a) == set(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True
+    return a == b
 
 
 def checkpoint_names(model) -> dict:

@@ -46,28 +46,12 @@ class DraftLMDrafter(Drafter):
     is_draft_model = True
     tiny_options = {"init": "shrink", "shrink_layers": 1}
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "target_logits"})
-    # Hybrid targets whose draft LM (a model of the target's own architecture) trains and drafts losslessly
-    # but whose config.json cannot be written as an engine reads it (issue 42; the fix belongs in export/hf).
-    HYBRID_GAPS = {
-        "nemotron_h": "draft_lm on Nemotron-H: transformers writes its config.json without num_hidden_layers "
-                      "(derived from layers_block_type), which the hf export requires; use eagle3 or a block drafter",
-        "granitemoehybrid": "draft_lm on Granite-4 hybrid: its config.json carries time_step_limit [0, Infinity], "
-                            "which transformers cannot read back from the export; use eagle3 or a block drafter",
-        "falcon_h1": "draft_lm on Falcon-H1: its config.json carries time_step_limit [0, Infinity], which "
-                     "transformers cannot read back from the export; use eagle3 or a block drafter",
-        "kimi_linear": "draft_lm on Kimi-Linear: transformers writes its config.json with model_max_length in place "
-                       "of max_position_embeddings, which the hf export requires; use eagle3 or a block drafter",
-    }
-
     @classmethod
     def refusals(cls, config) -> list[str]:
-        from draftsmith.targets.archs import text_config
-
-        gap = cls.HYBRID_GAPS.get(text_config(config).model_type)
         if getattr(config, "vision_config", None) is not None:  # issue 42: not built yet
-            gap = (f"draft_lm on a vision-language target ({config.model_type}): a draft LM of the full model "
-                   "(vision tower and language model) is not built yet; use eagle3 or a block drafter")
-        return [gap] if gap else []
+            return [f"draft_lm on a vision-language target ({config.model_type}): a draft LM of the full model "
+                    "(vision tower and language model) is not built yet; use eagle3 or a block drafter"]
+        return []
 
     @dataclass
     class Config:

@@ -427,6 +427,16 @@ def _qwen3_vl():
                                             deepstack_visual_indexes=[1]), **VISION_TOKENS)
 
 
+def _qwen3_vl_moe():
+    from transformers import Qwen3VLMoeConfig
+
+    vl = _qwen3_vl()  # the same tiny text model and vision tower, with MoE layers
+    text = {k: v for k, v in vl.text_config.to_dict().items() if k != "model_type"}
+    vision = {k: v for k, v in vl.vision_config.to_dict().items() if k != "model_type"}
+    return Qwen3VLMoeConfig(text_config={**text, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                         "decoder_sparse_step": 1}, vision_config=vision, **VISION_TOKENS)
+
+
 # name -> (what it stands for, tiny config factory)
 TINY = {
     "llama3": ("Llama 3.x (llama3 rope scaling)", _llama3),
@@ -453,6 +463,7 @@ TINY = {
     "gemma3-vl": ("Gemma-3 with its SigLIP vision tower (Gemma3ForConditionalGeneration), text prompts", _gemma3_vl),
     "qwen2.5-vl": ("Qwen2.5-VL (vision tower, M-RoPE)", _qwen25_vl),
     "qwen3-vl": ("Qwen3-VL (vision tower, interleaved M-RoPE, deepstack)", _qwen3_vl),
+    "qwen3-vl-moe": ("Qwen3-VL-MoE (vision tower, interleaved M-RoPE, deepstack, MoE)", _qwen3_vl_moe),
 }
 
 

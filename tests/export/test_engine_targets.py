@@ -9,7 +9,7 @@ from draftsmith.export.llamacpp.layouts import FEATURE_CAPTURE
 from draftsmith.targets.archs import TINY
 
 HYBRIDS = ["qwen3-next", "qwen3.5", "qwen3.5-moe", "lfm2", "falcon-h1", "nemotron-h", "granite-4-hybrid", "kimi-linear"]
-VLMS = ["gemma3-vl", "qwen2.5-vl", "qwen3-vl"]
+VLMS = ["gemma3-vl", "qwen2.5-vl", "qwen3-vl", "qwen3-vl-moe"]
 AUX = {"eagle3", "peagle", "dflash", "dspark"}  # the vLLM kinds that read the target's aux hidden states
 
 # (format, kind) each engine refuses per target, as read from its code (the modules' docstrings say where);
@@ -28,6 +28,7 @@ REFUSED = {
     "gemma3-vl": {("vllm", k) for k in AUX} | {("sglang", "dflash"), ("sglang", "dspark"), ("trtllm", "eagle3")},
     "qwen2.5-vl": {("sglang", "dflash"), ("sglang", "dspark"), ("trtllm", "eagle3")},
     "qwen3-vl": {("trtllm", "eagle3")},
+    "qwen3-vl-moe": {("trtllm", "eagle3")},
 }
 SOURCES = {"vllm": "vLLM 0.33.0", "sglang": "SGLang 0.5.23", "trtllm": "TensorRT-LLM main"}
 # llama.cpp: the target graphs that store layer inputs (t_layer_inp) among the new ones
@@ -82,7 +83,7 @@ def test_can_export_answers_one_line_or_nothing(name, fmt):
         if (fmt, kind) in REFUSED[name]:
             assert reasons, (name, fmt, kind)
             assert any(SOURCES[fmt] in r or "AutoModelForCausalLM" in r for r in reasons), reasons
-        elif name not in ("qwen2.5-vl", "qwen3-vl"):  # those two: no causal-LM class in transformers (heads)
+        elif name not in ("qwen2.5-vl", "qwen3-vl", "qwen3-vl-moe"):  # no causal-LM class in transformers (heads)
             assert reasons == [], (name, fmt, kind, reasons)
 
 
@@ -121,6 +122,24 @@ def test_real_qwen35_checkpoint_model_type_is_listed_too():
     line, = engine_versions.target_refusals("vllm", "0.20.0", "eagle3", text)
     assert "no model class for a qwen3_5_text target" in line and line.endswith("pass --engine-version 0.33.0")
     assert "qwen3_5" in FEATURE_CAPTURE and "qwen3_5_text" in FEATURE_CAPTURE
+
+
+def test_llama4_vlm_rows():
+    """Llama-4 checkpoints are model_type llama4 (Llama4ForConditionalGeneration in every engine): vLLM captures its aux
+    hidden states from 0.20 (mllama4.py: SupportsEagle3), SGLang 0.5.23 for EAGLE-3 only (no DFlash capture method),
+    TensorRT-LLM's Llama4DecoderLayer captures them."""
+    from transformers import Llama4Config
+
+    llama4 = Llama4Config()
+    assert llama4.model_type == "llama4"
+    for fmt, kind in (("vllm", "eagle3"), ("vllm", "dflash"), ("sglang", "eagle3"), ("trtllm", "eagle3")):
+        assert engine_versions.target_refusals(fmt, None, kind, llama4) == [], (fmt, kind)
+    assert engine_versions.target_refusals("vllm", "0.9.2", "eagle1", llama4) == []  # EAGLE-1: the last hidden state
+    line, = engine_versions.target_refusals("vllm", "0.9.2", "eagle3", llama4)
+    assert "Llama4ForConditionalGeneration (model_executor/models/mllama4.py) lacks SupportsEagle3" in line
+    for kind in ("dflash", "dspark"):
+        line, = engine_versions.target_refusals("sglang", None, kind, llama4)
+        assert "srt/models/mllama4.py" in line and "set_dflash_layers_to_capture" in line
 
 
 def test_attention_only_targets_are_not_in_the_tables():

@@ -85,10 +85,14 @@ def env_findings(given: dict, expected: dict, command: str) -> list[Finding]:
 
 def release_findings(contract: Contract, release: str | None, engine: str) -> tuple[list[Finding], list[str]]:
     """The engine release against export/engine_versions.SERVING: (findings, what was not checked)."""
+    table = engine_versions.TARGETS.get(contract.fmt)
+    if not engine_versions.versions(contract.fmt):  # TensorRT-LLM: its target table is one snapshot of main
+        found = target_findings(contract, table.releases[-1], engine) if table is not None else []
+        if release is None:
+            return found, [f"{engine} release (pass --engine-version, or run doctor where the engine is installed)"]
+        return found, [f"{engine} release {release} (draftsmith keeps no release table for {engine})"]
     if release is None:
         return [], [f"{engine} release (pass --engine-version, or run doctor where the engine is installed)"]
-    if not engine_versions.versions(contract.fmt):
-        return [], [f"{engine} release {release} (draftsmith keeps no release table for {engine})"]
     try:
         version = engine_versions.resolve(contract.fmt, release)
     except UserError:
@@ -96,11 +100,38 @@ def release_findings(contract: Contract, release: str | None, engine: str) -> tu
         return [], [f"{engine} release {release} (draftsmith has read {read} only)"]
     row = engine_versions.serving(contract.fmt, version, contract.kind)
     if row.served:
-        return [], []
+        return target_findings(contract, version, engine), []
     serving = engine_versions.releases_serving(contract.fmt, contract.kind)
     fix = f"serve with {engine} {serving[-1]}" if serving else f"export for another engine ({row.why})"
     return [Finding("engine release", f"not serve a {contract.kind} drafter in {version} ({row.why}; "
                     f"read from {row.source})", f"{engine} {', '.join(serving) or 'none read'}", fix)], []
+
+
+def recorded_model_types(contract: Contract) -> list[str]:
+    """The target's model_types the export records: the verifier's (the class an engine loads, e.g. gemma3 for
+    Gemma-3 with its vision tower), then its text model's (target_architecture, e.g. qwen3_5_text)."""
+    arch = contract.sidecar.get("target_architecture")
+    found = [contract.verifier.get("model_type"), arch.get("model_type") if isinstance(arch, dict) else None]
+    return [t for t in dict.fromkeys(found) if isinstance(t, str) and t]
+
+
+def target_findings(contract: Contract, release: str, engine: str) -> list[Finding]:
+    """The engine's target table (export/<engine>/targets.py, engine_versions.TARGETS) at `release`: a release that
+    serves the kind, but not for this hybrid or vision-language target's model class, is one mismatch naming the
+    engine, the release, the target's model_type and the engine file it was read from."""
+    table = engine_versions.TARGETS.get(contract.fmt)
+    listed = [t for t in recorded_model_types(contract) if table is not None and t in table.model_types()]
+    if not listed:  # an attention-only target (no table row): served wherever the kind is
+        return []
+    model_type = listed[0]
+    gap = table.gap(model_type, release, contract.kind)
+    if gap is None:
+        return []
+    serving = table.serving_releases(model_type, contract.kind)
+    fix = (f"serve with {engine} {serving[-1]}" if serving
+           else f"export another kind or format (no {engine} release draftsmith has read serves it)")
+    trained = f"a {model_type} target, which {engine} {', '.join(serving) or 'none read'} serves for {contract.kind}"
+    return [Finding("target architecture", f"not serve this drafter: {gap}", trained, fix)]
 
 
 def version_tuple(text: str) -> tuple[int, ...]:

@@ -9,7 +9,10 @@ Read from the sglang-0.5.23 wheel (paths inside sglang/):
     (srt/speculative/eagle_worker_v2.py init_lm_head -> srt/speculative/pp_draft_embedding.py, which re-raises the
     AttributeError of a target without it).
 Each class is the one the model file's EntryClass registers, its methods read with its bases (Qwen3.5's VLM
-classes inherit their capture from srt/models/qwen3_vl.py).
+classes and Qwen3VLMoeForConditionalGeneration (srt/models/qwen3_vl_moe.py) inherit their capture from
+srt/models/qwen3_vl.py; the MoE language model's set_dflash_layers_to_capture is Qwen3MoeModel's, srt/models/qwen3_moe.py).
+Llama-4 (llama4): srt/models/mllama4.py's Llama4ForConditionalGeneration defines set_eagle3_layers_to_capture (delegated
+to its Llama4ForCausalLM, a LlamaForCausalLM) and get_embed_and_head, and no set_dflash_layers_to_capture.
 """
 from __future__ import annotations
 
@@ -51,3 +54,5 @@ TABLE.register(("kimi_linear",), _row("KimiLinearForCausalLM", "kimi_linear.py",
 TABLE.register(("gemma3",), _row("Gemma3ForConditionalGeneration", "gemma3_mm.py", {E3, EH}))
 TABLE.register(("qwen2_5_vl",), _row("Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl.py", {E3, EH}))
 TABLE.register(("qwen3_vl",), _row("Qwen3VLForConditionalGeneration", "qwen3_vl.py"))
+TABLE.register(("qwen3_vl_moe",), _row("Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe.py", {E3, DF, EH}))
+TABLE.register(("llama4",), _row("Llama4ForConditionalGeneration", "mllama4.py", {E3, EH}))

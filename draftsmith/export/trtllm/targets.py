@@ -11,6 +11,11 @@ spec_metadata.maybe_capture_hidden_states(layer_idx, ...) for EAGLE-3 to get its
     takes no spec_metadata), Falcon-H1 (modeling_falcon_h1.py: its model passes no spec_metadata to its layers),
     Qwen2.5-VL and Qwen3-VL (Qwen2VLModelBase.forward in modeling_qwen2vl.py at c666e7e, Qwen3VLModelBase.forward
     in modeling_qwen3vl.py at f4faed1: self.llm.forward(...) is called without spec_metadata).
+  - Qwen3-VL-MoE: Qwen3MoeVLModel (modeling_qwen3vl_moe.py at 14b0c8f, registered as
+    Qwen3VLMoeForConditionalGeneration) is a Qwen3VLModelBase, whose forward calls self.llm.forward without
+    spec_metadata (as for Qwen3-VL): not captured.
+  - Llama-4 (llama4): Llama4ForConditionalGeneration (modeling_llama.py at 3a5901c) passes spec_metadata to its
+    Llama4Model, whose Llama4DecoderLayer calls maybe_capture_hidden_states: captured.
   - no model class registered (register_auto_model): LFM2, Granite-4 hybrid (granitemoehybrid).
   - Kimi-Linear: KimiLinearForCausalLM (modeling_kimi_linear.py at cf328e8) is the Kimi K3 runtime. Its MoE raises
     without routed_expert_hidden_size ("Kimi K3 runtime expects the latent MoE") and its layers assert
@@ -53,3 +58,6 @@ TABLE.register(("kimi_linear",), _row(
 _NO_LLM_SPEC = "its forward calls self.llm.forward without spec_metadata"
 TABLE.register(("qwen2_5_vl",), _row("Qwen2_5_VLModel", f"modeling_qwen2vl.py: {_NO_LLM_SPEC}", NONE))
 TABLE.register(("qwen3_vl",), _row("Qwen3VLModelBase", f"modeling_qwen3vl.py: {_NO_LLM_SPEC}", NONE))
+TABLE.register(("qwen3_vl_moe",), _row("Qwen3MoeVLModel (Qwen3VLModelBase)",
+                                       f"modeling_qwen3vl_moe.py at 14b0c8f: {_NO_LLM_SPEC}", NONE))
+TABLE.register(("llama4",), _row("Llama4ForConditionalGeneration", "modeling_llama.py at 3a5901c", EAGLE3))

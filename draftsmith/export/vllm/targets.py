@@ -9,8 +9,11 @@ Read from the wheels vllm-0.9.2, vllm-0.20.0, vllm-0.27.0 and vllm-0.33.0 (paths
   - EAGLE-1 (method eagle), Medusa and the MLP speculator read only the last hidden state: any model class serves
     them (whether the release serves the kind at all is engine_versions.SERVING's row).
   - A target whose architecture is not in model_executor/models/registry.py is served by nothing.
-Each class below was checked for SupportsEagle3 in its own file and its bases (Qwen3.5's VLM classes inherit it from
-Qwen3VLForConditionalGeneration). The keys are HF model_types: a real Qwen3.5 checkpoint is `qwen3_5`
+Each class below was checked for SupportsEagle3 in its own file and its bases (Qwen3.5's VLM classes and
+Qwen3VLMoeForConditionalGeneration (qwen3_vl_moe.py) inherit it from Qwen3VLForConditionalGeneration; its MoE language
+model adds the aux hidden states in its forward, _maybe_add_hidden_state). Llama-4 (llama4): mllama4.py's
+Llama4ForConditionalGeneration lists SupportsEagle3 from 0.20 (set_aux_hidden_state_layers delegates to its
+Llama4ForCausalLM), not in 0.9.2. The keys are HF model_types: a real Qwen3.5 checkpoint is `qwen3_5`
 (Qwen3_5ForConditionalGeneration), the text-only config `qwen3_5_text` (Qwen3_5ForCausalLM).
 """
 from __future__ import annotations
@@ -65,3 +68,9 @@ TABLE.register(("qwen2_5_vl",), {"0.9.2": _last("Qwen2_5_VLForConditionalGenerat
                                                  _aux("Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl.py"))})
 TABLE.register(("qwen3_vl",), {"0.9.2": None, **dict.fromkeys(("0.20.0", "0.27.0", "0.33.0"),
                                                               _aux("Qwen3VLForConditionalGeneration", "qwen3_vl.py"))})
+TABLE.register(("qwen3_vl_moe",), {"0.9.2": None, **dict.fromkeys(
+    ("0.20.0", "0.27.0", "0.33.0"), _aux("Qwen3VLMoeForConditionalGeneration (Qwen3VLForConditionalGeneration)",
+                                         "qwen3_vl_moe.py"))})
+TABLE.register(("llama4",), {"0.9.2": _last("Llama4ForConditionalGeneration", "mllama4.py"),
+                             **dict.fromkeys(("0.20.0", "0.27.0", "0.33.0"),
+                                             _aux("Llama4ForConditionalGeneration", "mllama4.py"))})
