@@ -20,7 +20,7 @@ def trainable_params(kind: str, overrides: list[str]) -> int:
 
     cfg = config.load(REPO / "recipes" / "debug" / f"{kind}-stories260k.yaml", overrides)
     target = target_mod.from_config(cfg.target)
-    drafter = DRAFTERS.get(kind).from_target(config.drafter_options(cfg), target, None)
+    drafter = DRAFTERS.get(kind).from_target(cfg.drafter.options, target, None)
     return sum(p.numel() for p in drafter.trainable_parameters())
 
 

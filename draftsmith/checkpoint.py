@@ -254,7 +254,6 @@ def load_drafter(path: str | Path, device: str | None = None, target=None,
     if dtype is not None:
         run_in_dtype(target, dtype)
     check_vocab_map(state, target.vocab_size, str(path / "drafter.safetensors"))
-    options = config_mod.drafter_options(cfg)
-    drafter = DRAFTERS.get(meta["kind"]).from_target(options, target, None)
+    drafter = DRAFTERS.get(meta["kind"]).from_target(cfg.drafter.options, target, None)
     fit_state(state, drafter, f"{path / 'drafter.safetensors'} (the drafter built from config.yaml's drafter.options)")
     return LoadedDrafter(drafter=drafter.eval(), target=target, config=cfg, meta=meta)

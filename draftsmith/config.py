@@ -17,7 +17,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, ClassVar, Literal, Optional, Union
 
 import yaml
 
@@ -190,10 +190,20 @@ def _default_kind() -> str:
 
 @dataclass
 class DrafterConfig:
-    # The drafter kind (registered in draftsmith/heads; default: heads.DEFAULT_KIND); its own options are
-    # typed by that kind's Config dataclass (typed_drafter_options) and kept here as that Config's mapping.
+    # The drafter kind (registered in draftsmith/heads; default: heads.DEFAULT_KIND).
     kind: str = field(default_factory=_default_kind)
-    options: dict[str, Any] = field(default_factory=dict)
+    # The kind's own options: an instance of its Config dataclass (heads/<kind>.py), typed by from_dict
+    # (typed_drafter_options); None builds the kind's defaults. config.yaml saves its mapping (options_mapping).
+    options: Any = None
+    # A recipe writes the options as a mapping (beside kind, or under drafter.options): the validator checks
+    # that form, then from_dict types it with the kind's Config.
+    WRITTEN_AS: ClassVar[dict] = {"options": dict[str, Any]}
+
+    def __post_init__(self) -> None:
+        from draftsmith.heads import DRAFTERS  # local import: heads import torch
+
+        if self.options is None and isinstance(self.kind, str) and self.kind in DRAFTERS:
+            self.options = DRAFTERS.get(self.kind).Config()
 
 
 @dataclass
@@ -321,7 +331,7 @@ def _build(cls: type, data: Any, where: str, problems: list[str]) -> Any:
     if not isinstance(data, dict):
         problems.append(f"{where or 'recipe'}: expected a mapping, got {short_repr(data)}")
         return cls()
-    hints = typing.get_type_hints(cls)
+    hints = {**typing.get_type_hints(cls), **getattr(cls, "WRITTEN_AS", {})}  # a field's recipe form, where it differs
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
     for key, value in data.items():
@@ -401,9 +411,10 @@ def _split_drafter(raw: dict) -> list[str]:
 
 
 def typed_drafter_options(kind: str, options: Any) -> tuple[Any, list[str], list[str]]:
-    """The one path from a recipe's drafter options to the kind's typed Config (heads/<kind>.py):
-    -> (Config instance, type problems, range problems). The Config's mapping is what config.yaml saves
-    (options_mapping); parsing, validation, training, checkpoints and exports all build it here."""
+    """The one path from drafter options written as a mapping to the kind's typed Config (heads/<kind>.py):
+    -> (Config instance, type problems, range problems). from_dict types a recipe's drafter section here once
+    (cfg.drafter.options is that Config); doctor types the options an export records. The Config's mapping is
+    what config.yaml saves (options_mapping)."""
     from draftsmith.heads import DRAFTERS  # local import: heads import torch
 
     try:
@@ -434,11 +445,9 @@ def from_dict(raw: dict, source: str = "recipe", overrides: list[str] | None = N
     cfg, problems = build_dataclass(RecipeConfig, raw)
     problems = split + problems
     drafter_ranges: list[str] = []
-    if isinstance(cfg.drafter.kind, str) and isinstance(cfg.drafter.options, dict):
-        typed, sub, drafter_ranges = typed_drafter_options(cfg.drafter.kind, cfg.drafter.options)
+    if isinstance(cfg.drafter.kind, str) and isinstance(cfg.drafter.options, dict):  # the mapping, typed once
+        cfg.drafter.options, sub, drafter_ranges = typed_drafter_options(cfg.drafter.kind, cfg.drafter.options)
         problems.extend(sub)
-        if typed is not None:
-            cfg.drafter.options = options_mapping(typed)
     if not problems:  # value checks need well-typed values
         problems.extend(_semantic_checks(cfg))
         problems.extend(_range_checks(cfg))
@@ -560,11 +569,3 @@ def to_dict(cfg: Any) -> dict:
 
 def to_yaml(cfg: Any) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
-
-
-def drafter_options(cfg: RecipeConfig) -> Any:
-    """The drafter's own Config instance (validated) for this recipe."""
-    typed, problems, ranges = typed_drafter_options(cfg.drafter.kind, cfg.drafter.options)
-    if problems or ranges:
-        raise ConfigError("drafter", problems or ranges)
-    return typed

@@ -11,7 +11,7 @@ def test_overrides_apply_with_yaml_types():
     cfg = config.from_dict({"train": {"lr": 1e-3}}, overrides=["train.lr=2e-4", "train.max_steps=7",
                                                               "drafter.ttt_steps=3", "data.path=[a.jsonl, b.jsonl]"])
     assert cfg.train.lr == pytest.approx(2e-4) and cfg.train.max_steps == 7
-    assert cfg.drafter.options["ttt_steps"] == 3
+    assert cfg.drafter.options.ttt_steps == 3
     assert cfg.data.path == ["a.jsonl", "b.jsonl"]
 
 
@@ -65,9 +65,9 @@ def test_draft_lm_lora_options_are_typed_and_validated():
     from draftsmith.heads.base import LoraOptions
 
     cfg = config.from_dict({"drafter": {"kind": "draft_lm", "lora": {"r": 4, "target_modules": ["q_proj"]}}})
-    lora = config.drafter_options(cfg).lora
+    lora = cfg.drafter.options.lora
     assert lora == LoraOptions(r=4, alpha=32, dropout=0.0, target_modules=["q_proj"])
-    assert config.drafter_options(config.from_dict({"drafter": {"kind": "draft_lm"}})).lora is None
+    assert config.from_dict({"drafter": {"kind": "draft_lm"}}).drafter.options.lora is None
     bad = {"drafter": {"kind": "draft_lm", "lora": {"rank": 4, "r": "x"}}}
     with pytest.raises(config.ConfigError) as err:
         config.from_dict(bad)

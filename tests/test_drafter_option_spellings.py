@@ -17,7 +17,7 @@ FLAT = {"target": {"path": "builtin:pycode-tiny"}, "drafter": {"kind": "eagle3",
                                              (["drafter.options.ttt_steps=2", "drafter.ttt_steps=4"], 4),
                                              (["drafter.ttt_steps=4", "drafter.options.ttt_steps=2"], 2)])
 def test_an_override_wins_whatever_its_spelling(overrides, want):
-    assert config.from_dict(FLAT, overrides=overrides).drafter.options["ttt_steps"] == want
+    assert config.from_dict(FLAT, overrides=overrides).drafter.options.ttt_steps == want
 
 
 def test_print_config_shows_the_overridden_value(tmp_path, capsys):
@@ -33,10 +33,10 @@ def test_a_recipe_writing_one_option_twice_with_two_values_is_refused():
     with pytest.raises(ConfigError, match="drafter.ttt_steps is 5 but drafter.options.ttt_steps is 2: write the option once"):
         config.from_dict(both)
     same = {"drafter": {"kind": "eagle3", "ttt_steps": 2, "options": {"ttt_steps": 2}}}
-    assert config.from_dict(same).drafter.options["ttt_steps"] == 2
+    assert config.from_dict(same).drafter.options.ttt_steps == 2
 
 
 def test_a_saved_config_takes_a_flat_override():
     """A checkpoint's config.yaml holds drafter.options; a flat override of it is not a conflict."""
     saved = config.to_dict(config.from_dict(FLAT))
-    assert config.from_dict(saved, overrides=["drafter.ttt_steps=3"]).drafter.options["ttt_steps"] == 3
+    assert config.from_dict(saved, overrides=["drafter.ttt_steps=3"]).drafter.options.ttt_steps == 3

@@ -1,6 +1,7 @@
-"""Drafter options are typed once (issue 31, item 3): config.typed_drafter_options builds a kind's Config
-(heads/<kind>.py) for recipe parsing, validation, training, checkpoints and exports; what is saved is that
-Config's mapping, and it reads back to the same Config."""
+"""Drafter options are typed once (issue 31 item 3, issue 40 item 3): parsing a recipe builds the kind's Config
+(heads/<kind>.py, config.typed_drafter_options) and the recipe's drafter section holds it; training, checkpoints
+and exports read cfg.drafter.options and build nothing again. What is saved is that Config's mapping, and it
+reads back to the same Config."""
 from __future__ import annotations
 
 import json
@@ -30,7 +31,13 @@ def test_a_recipe_types_its_drafter_options_once(monkeypatch):
     built = _count_config_builds(monkeypatch)
     cfg = config.from_dict({"drafter": {"kind": "medusa", "num_heads": 3}})
     assert built == [DRAFTERS.get("medusa").Config]  # parsing and the kind's range checks: one build
-    assert config.drafter_options(cfg).num_heads == 3 and len(built) == 2
+    assert isinstance(cfg.drafter.options, DRAFTERS.get("medusa").Config) and cfg.drafter.options.num_heads == 3
+    assert len(built) == 1  # reading it builds nothing
+
+
+def test_a_section_built_in_code_holds_its_kinds_defaults():
+    assert config.RecipeConfig().drafter.options == DRAFTERS.get(heads.DEFAULT_KIND).Config()
+    assert config.DrafterConfig("medusa").options == DRAFTERS.get("medusa").Config()
 
 
 def test_range_problems_come_from_the_same_typed_options():
@@ -43,11 +50,12 @@ def test_range_problems_come_from_the_same_typed_options():
 @pytest.mark.parametrize("kind", sorted(DRAFTERS.names()))
 def test_options_survive_recipe_to_config_yaml_to_reload(kind, tmp_path):
     cfg = config.from_dict({"drafter": {"kind": kind, **DRAFTERS.get(kind).tiny_options}})
-    typed = config.drafter_options(cfg)
-    assert cfg.drafter.options == config.options_mapping(typed)  # what config.yaml saves
+    typed = cfg.drafter.options
+    assert isinstance(typed, DRAFTERS.get(kind).Config)
+    assert config.to_dict(cfg)["drafter"]["options"] == config.options_mapping(typed)  # what config.yaml saves
     (tmp_path / "config.yaml").write_text(config.to_yaml(cfg))
     again = checkpoint.read_config(tmp_path)
-    assert again.drafter.kind == kind and config.drafter_options(again) == typed
+    assert again.drafter.kind == kind and again.drafter.options == typed
 
 
 def test_a_checkpoint_saves_the_options_it_was_built_with(tmp_path):
@@ -56,8 +64,9 @@ def test_a_checkpoint_saves_the_options_it_was_built_with(tmp_path):
     path = make_checkpoint(tmp_path, "eagle3", {"ttt_steps": 2, "draft_vocab_size": 64})
     meta = json.loads((path / "drafter.json").read_text())
     loaded = checkpoint.load_drafter(path, device="cpu")
-    assert meta["options"] == loaded.config.drafter.options == config.options_mapping(loaded.drafter.cfg)
-    assert loaded.drafter.cfg == config.drafter_options(loaded.config)
+    assert meta["options"] == config.to_dict(loaded.config)["drafter"]["options"]
+    assert meta["options"] == config.options_mapping(loaded.drafter.cfg)
+    assert loaded.drafter.cfg is loaded.config.drafter.options  # the drafter is built from the recipe's Config
     assert loaded.drafter.cfg.ttt_steps == 2 and loaded.drafter.cfg.draft_vocab_size == 64
 
 

@@ -70,7 +70,7 @@ def drafter_layers_and_features(cfg, target, counts) -> tuple[list[int], set[str
     from draftsmith.heads import DRAFTERS
 
     cls = DRAFTERS.get(cfg.drafter.kind)
-    options = config_mod.drafter_options(cfg)
+    options = cfg.drafter.options
     if hasattr(cls, "feature_layers_for"):
         layers = cls.feature_layers_for(options, target)
     else:
@@ -230,7 +230,7 @@ def predict_cache(cfg, log=print) -> dict:
         data_cfg = ds.training_data_config(cfg)
     train, heldout, report = ds.build_dataset(data_cfg, shape.tokenizer)
     cls = DRAFTERS.get(cfg.drafter.kind)
-    layers = list(cls.feature_layers_for(config_mod.drafter_options(cfg), shape))
+    layers = list(cls.feature_layers_for(cfg.drafter.options, shape))
     features = feature_cache.cache_features(cls.required_features)
     tokens, rows = train.num_tokens + heldout.num_tokens, len(train) + len(heldout)
     out = {"tokens": tokens, "rows": rows, "features": features, "layers": layers, "bytes": {}}

@@ -44,7 +44,6 @@ from pathlib import Path
 
 import torch
 
-from draftsmith import config as config_mod
 from draftsmith.core.errors import UserError
 from draftsmith.export.layout import (
     DTYPES,
@@ -118,7 +117,7 @@ def eagle1_from_weights(weights: dict[str, torch.Tensor], loaded, source: str):
     option (zeros for a bias the file lacks, dropped when the drafter has none: the gate checked it is zero)."""
     from draftsmith.heads.eagle1 import Eagle1Drafter
 
-    drafter = Eagle1Drafter.from_target(config_mod.drafter_options(loaded.config), loaded.target)
+    drafter = Eagle1Drafter.from_target(loaded.config.drafter.options, loaded.target)
     weights = dict(weights)
     if drafter.fc.bias is None:
         weights.pop("fc.bias", None)
@@ -257,7 +256,7 @@ def eagle3_from_weights(weights: dict[str, torch.Tensor], loaded, source: str):
     """A fresh EAGLE-3 drafter for loaded.target holding `weights` (draftsmith names), strictly."""
     from draftsmith.heads.eagle3 import Eagle3Drafter
 
-    options = config_mod.drafter_options(loaded.config)
+    options = loaded.config.drafter.options
     # Kept in the target's dtype: bf16/fp16 weights are upcast exactly on load, and the proposer
     # then runs the rounded weights in full precision (both sides of the round trip alike).
     drafter = Eagle3Drafter.from_target(options, loaded.target, None)

@@ -9,7 +9,6 @@ import dataclasses
 
 import torch
 
-from draftsmith import config as config_mod
 from draftsmith.core.errors import UserError
 from draftsmith.export.layout import DTYPES, ExportOptions, TensorSpec, verifier_name
 
@@ -49,7 +48,7 @@ def load_plain(tensors: dict[str, torch.Tensor], loaded, source: str, without_lo
     without_lora: Medusa-2 heads rebuilt without their adapter (it is exported and checked separately)."""
     from draftsmith.heads import DRAFTERS
 
-    options = config_mod.drafter_options(loaded.config)
+    options = loaded.config.drafter.options
     if without_lora:
         options = dataclasses.replace(options, lora=False)
     drafter = DRAFTERS.get(loaded.drafter.kind).from_target(options, loaded.target, None)  # upcasts on load

@@ -193,7 +193,7 @@ class Trainer:
         from draftsmith.heads import check_for_training
 
         drafter_cls = DRAFTERS.get(cfg.drafter.kind)
-        options = config_mod.drafter_options(cfg)
+        options = cfg.drafter.options
         check_for_training(self.target, cfg.drafter.kind, options)  # `draftsmith inspect`'s refusals, before any data
         check_positions(cfg, options, self.target)
         self.train_set, self.heldout, counts = load_data(cfg, self.target, drafter_cls, options, self.ctx, api_key_env)

@@ -75,7 +75,7 @@ def _open(recipe, folder):
     target = target_mod.from_config(cfg.target)
     train_rows, heldout, _ = ds.build_dataset(ds.training_data_config(cfg), target.tokenizer)
     cls = DRAFTERS.get(cfg.drafter.kind)
-    layers = cls.feature_layers_for(config.drafter_options(cfg), target)
+    layers = cls.feature_layers_for(cfg.drafter.options, target)
     return lambda: vhs.open_rows(str(folder), target, layers, cls.required_features, [train_rows, heldout],
                                  log=lambda *_: None)
 

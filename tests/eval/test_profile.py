@@ -65,7 +65,7 @@ def test_profile_cli_then_export_copies_it(tmp_path, monkeypatch):
     cfg = config_mod.load(str(REPO / "recipes" / "debug" / "eagle3-stories260k.yaml"))
     cfg.target.path = str(shared_path(STORIES))
     target = target_mod.from_config(cfg.target)
-    drafter = DRAFTERS.get("eagle3").from_target(config_mod.drafter_options(cfg), target, None)
+    drafter = DRAFTERS.get("eagle3").from_target(cfg.drafter.options, target, None)
     ckpt = tmp_path / "run" / "final"
     checkpoint.save(ckpt, drafter, target, cfg, step=0)
     prompts = tmp_path / "p.jsonl"

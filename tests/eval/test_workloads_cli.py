@@ -121,7 +121,7 @@ def test_cli_evaluates_a_training_checkpoint(tmp_path):
     cfg = config_mod.load(str(REPO / "recipes" / "debug" / "eagle3-stories260k.yaml"))
     cfg.target.path = str(shared_path(STORIES))
     target = target_mod.from_config(cfg.target)
-    drafter = DRAFTERS.get("eagle3").from_target(config_mod.drafter_options(cfg), target, None)
+    drafter = DRAFTERS.get("eagle3").from_target(cfg.drafter.options, target, None)
     checkpoint.save(tmp_path / "run" / "final", drafter, target, cfg, step=0)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "prompt": "Once upon a time"}\n')

@@ -42,7 +42,7 @@ def make_checkpoint(root: Path, kind: str, options: dict, rope: dict | None = No
     target = target_mod.from_config(recipe.target)
     torch.manual_seed(1)
     counts = torch.randint(0, 50, (target.vocab_size,))
-    drafter = DRAFTERS.get(kind).from_target(config_mod.drafter_options(recipe), target, counts)
+    drafter = DRAFTERS.get(kind).from_target(recipe.drafter.options, target, counts)
     with torch.no_grad():
         for p in drafter.trainable_parameters():
             p.add_(0.05 * torch.randn_like(p))

@@ -214,7 +214,7 @@ def test_partial_rotary_factor_is_never_written(tmp_path):
         recipe = config_mod.from_dict({"target": {"path": str(tmp_path / "target"), "device": "cpu"},
                                        "drafter": {"kind": kind, **KIND_OPTIONS[kind]}})
         target = target_mod.from_config(recipe.target)
-        drafter = DRAFTERS.get(kind).from_target(config_mod.drafter_options(recipe), target, None)
+        drafter = DRAFTERS.get(kind).from_target(recipe.drafter.options, target, None)
         ckpt = checkpoint.save(tmp_path / f"{kind}-ckpt", drafter, target, recipe, step=1)
         for fmt in [f for f in formats_for(kind) if EXPORTERS.get(f).checked_in_process]:  # llama.cpp: no config.json
             out = export(ckpt, fmt, tmp_path / f"{kind}-{fmt}").out_dir

@@ -178,7 +178,7 @@ def test_export_refuses_a_drafter_for_a_target_the_engine_does_not_serve(tmp_pat
     recipe = config_mod.from_dict({"target": {"path": "gemma3-vl (built in code)"},
                                    "drafter": {"kind": "eagle3", **cls.tiny_options}})
     torch.manual_seed(0)
-    drafter = cls.from_target(config_mod.drafter_options(recipe), target).eval()
+    drafter = cls.from_target(recipe.drafter.options, target).eval()
     loaded = LoadedDrafter(drafter=drafter, target=target, config=recipe,
                            meta={"kind": "eagle3", "step": 1, "target": target.identity()})
     with pytest.raises(UserError) as err:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftsmith import config as config_mod
 from draftsmith.export.api import export
 from draftsmith.heads import DRAFTERS
 from draftsmith.train import checkpoint
@@ -14,7 +13,7 @@ from draftsmith.train import checkpoint
 def test_init_from_export_dir_restores_the_trained_weights(eagle3_loaded, tmp_path, fmt):
     out = export(None, fmt, tmp_path / fmt, loaded=eagle3_loaded, validate=False).out_dir
     loaded = eagle3_loaded
-    fresh = DRAFTERS.get("eagle3").from_target(config_mod.drafter_options(loaded.config), loaded.target,
+    fresh = DRAFTERS.get("eagle3").from_target(loaded.config.drafter.options, loaded.target,
                                                torch.arange(loaded.target.vocab_size))  # another draft vocab
     trained = loaded.drafter.state_dict_for_export()
     assert any(not torch.equal(v, fresh.state_dict()[k]) for k, v in trained.items())

@@ -196,7 +196,6 @@ def test_lora_adapter_and_hf_export_round_trip(tmp_path):
 # ---------------------------------------------------------------------- stories260K
 def test_debug_recipe_trains_through_the_function_api(tmp_path, stories_target):
     from draftsmith import checkpoint as ckpt_io
-    from draftsmith import config as config_mod
     from draftsmith.train.loop import train
 
     before = {k: v.clone() for k, v in stories_target.model.state_dict().items()}
@@ -210,7 +209,7 @@ def test_debug_recipe_trains_through_the_function_api(tmp_path, stories_target):
     assert 0.0 < result.last_metrics["eval_accept_rate"] <= 1.0 and "eval_acc_0" in result.last_metrics
     assert all(torch.equal(before[k], v) for k, v in stories_target.model.state_dict().items())
     loaded = ckpt_io.load_drafter(result.final_checkpoint, target=stories_target).drafter  # tied weights reload
-    fresh = DraftLMDrafter.from_target(config_mod.drafter_options(cfg), stories_target)
+    fresh = DraftLMDrafter.from_target(cfg.drafter.options, stories_target)
     changed = [k for k, v in fresh.state_dict().items() if not torch.equal(v, loaded.state_dict()[k])]
     assert changed, "training did not change the draft model"
     lm = loaded.lm

@@ -168,7 +168,7 @@ def test_init_from_an_export_trained_on_other_aux_layers_is_refused(tmp_path):
     out = export(None, "vllm", tmp_path / "v", loaded=loaded, validate=False).out_dir
     recipe = config_mod.from_dict({"target": {"path": loaded.config.target.path},
                                    "drafter": {"kind": "eagle3", "ttt_steps": 2, "aux_layer_ids": [0, 2, 3]}})
-    other = DRAFTERS.get("eagle3").from_target(config_mod.drafter_options(recipe), loaded.target, None)
+    other = DRAFTERS.get("eagle3").from_target(recipe.drafter.options, loaded.target, None)
     for source in (out, ckpt):  # an export, and a checkpoint
         with pytest.raises(ValueError, match=r"trained on target layers \[1, 2, 3\].*reads \[0, 2, 3\]"):
             checkpoint.load_init_weights(source, other, loaded.target)
@@ -183,7 +183,7 @@ def test_full_disk_while_writing_a_checkpoint_is_one_line_naming_it(tmp_path, mo
     from draftsmith.heads import DRAFTERS
 
     recipe = config_mod.from_dict({"target": {"path": "builtin:pycode-tiny"}, "drafter": {"kind": "eagle3"}})
-    drafter = DRAFTERS.get("eagle3").from_target(config_mod.drafter_options(recipe), target, None)
+    drafter = DRAFTERS.get("eagle3").from_target(recipe.drafter.options, target, None)
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -254,7 +254,7 @@ from draftsmith.heads import DRAFTERS
 from draftsmith.testing import tiny_target
 target = tiny_target(num_layers=2, hidden=32)
 recipe = config.from_dict({"target": {"path": "builtin:pycode-tiny"}, "drafter": {"kind": "eagle3"}})
-drafter = DRAFTERS.get("eagle3").from_target(config.drafter_options(recipe), target, None)
+drafter = DRAFTERS.get("eagle3").from_target(recipe.drafter.options, target, None)
 try:
     checkpoint.save(Path(sys.argv[1]), drafter, target, recipe, step=3)
 except ValueError as exc:

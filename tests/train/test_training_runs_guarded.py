@@ -161,4 +161,4 @@ def test_a_drafting_block_past_the_targets_positions_is_refused_up_front(tiny_ru
 
     short = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=32), name="short")
     with pytest.raises(UserError, match=r"drafter.block_size=40 is past the target's 32 positions"):
-        check_positions(cfg, config.drafter_options(cfg), short)
+        check_positions(cfg, cfg.drafter.options, short)

@@ -67,6 +67,16 @@ class Contract:
         return options if isinstance(options, dict) else {}
 
     @property
+    def drafter_config(self):
+        """The kind's Config (heads/<kind>.py) typed from the options the export records, as a recipe's
+        drafter section is (config.typed_drafter_options); None when it records none or the kind no longer
+        reads them."""
+        if not self.options:
+            return None
+        typed, problems, _ = typed_drafter_options(self.kind, dict(self.options))
+        return None if problems else typed
+
+    @property
     def verifier(self) -> dict:
         v = self.sidecar.get("verifier")
         return v if isinstance(v, dict) else {}
@@ -94,12 +104,10 @@ class Contract:
             return True
         layout = layouts(self.fmt).get(self.kind)(self.fmt, EXPORTERS.get(self.fmt).engine, self.kind)
         check = getattr(layout, "check_k", None)
-        if not self.options:  # no recipe recorded: a block drafter takes exactly the exported block
-            return bool(DRAFTERS.get(self.kind).drafts_block and self.k is not None and k != self.k)
-        if check is None:
+        if self.options and check is None:
             return False
-        typed, problems, _ = typed_drafter_options(self.kind, dict(self.options))  # the recorded Config, typed
-        if problems:  # a recipe the kind no longer reads: a block drafter takes exactly the exported block
+        typed = self.drafter_config
+        if typed is None:  # no recipe recorded, or one the kind no longer reads: a block drafter takes its block
             return bool(DRAFTERS.get(self.kind).drafts_block and self.k is not None and k != self.k)
         try:
             check(typed, k)
