@@ -153,11 +153,13 @@ def resolve_device(device: str) -> torch.device:
 
 
 class Target:
-    """A frozen causal LM with its tokenizer, stop ids and a fingerprint."""
+    """A frozen causal LM with its tokenizer, stop ids and a fingerprint; a vision-language target also
+    carries its processor (image processor + tokenizer + chat template: data/images.py)."""
 
     def __init__(self, model: nn.Module, tokenizer, name: str, path: str | None = None,
-                 gguf_file: str | None = None):
+                 gguf_file: str | None = None, processor=None):
         self.model = model.eval()
+        self.processor = processor  # None for a text target
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.tokenizer = tokenizer
@@ -313,7 +315,13 @@ class Target:
     # ---- forward
     @torch.no_grad()
     def forward(self, input_ids, attention_mask=None, cache=None, position_ids=None, **media) -> TargetOutput:
-        """media: a vision-language target's processor outputs beside the ids (pixel_values, token_type_ids)."""
+        """media: a vision-language target's processor outputs beside the ids (pixel_values, image_grid_thw,
+        token_type_ids / mm_token_type_ids). A forward that starts a sequence (no cache, or an empty one) drops
+        the M-RoPE offsets a Qwen-VL model kept from the previous request (its rope_deltas), so they are
+        computed from this prompt's images; decode steps on the cache reuse them (the language model alone)."""
+        inner = getattr(self.model, "model", None)
+        if getattr(inner, "rope_deltas", None) is not None and (cache is None or cache.get_seq_length() == 0):
+            inner.rope_deltas = None
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
