@@ -190,10 +190,14 @@ def config_refusals(config) -> list[str]:
     c = text_config(config)
     if getattr(c, "num_hidden_layers", 0) < 1 or not getattr(c, "hidden_size", None):
         return [f"{c.model_type}: the config has no decoder layers / hidden size draftsmith can read"]
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
     remote = "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
-    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote:
-        return [f"{config.model_type}: transformers has no AutoModelForCausalLM class for it (it loads as an "
-                "image-text-to-text model), and draftsmith loads targets as causal LMs; not supported yet"]
+    vision = getattr(config, "vision_config", None) is not None and \
+        config.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES  # loaded whole: targets/load.py
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote and not vision:
+        return [f"{config.model_type}: transformers has no AutoModelForCausalLM or image-text-to-text class for it; "
+                "draftsmith loads targets through one of them"]
     return []
 
 

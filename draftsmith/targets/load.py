@@ -356,6 +356,11 @@ def load(path: str, dtype: str = "float32", device: str = "auto", revision: str 
     try:
         if gguf_name:
             model = _load_gguf_model(local, gguf_name, DTYPES[dtype])
+        elif is_vision_language(local, revision, trust_remote_code):  # the full model: vision tower + language model
+            from transformers import AutoModelForImageTextToText
+
+            model = AutoModelForImageTextToText.from_pretrained(local, dtype=DTYPES[dtype], revision=revision,
+                                                                trust_remote_code=trust_remote_code)
         else:
             model = AutoModelForCausalLM.from_pretrained(local, dtype=DTYPES[dtype], revision=revision,
                                                          trust_remote_code=trust_remote_code)
@@ -379,7 +384,40 @@ def load(path: str, dtype: str = "float32", device: str = "auto", revision: str 
         gguf_path = str((Path(local).expanduser() / gguf_name).resolve())
         _settle_gguf_model(model, gguf_path)
     model.to(resolve_device(device))
-    return Target(model, tokenizer, name=display_name(path, gguf_name), path=path, gguf_file=gguf_path)
+    processor = load_processor(path, local, revision, trust_remote_code) if hasattr(model.config, "vision_config") else None
+    return Target(model, tokenizer, name=display_name(path, gguf_name), path=path, gguf_file=gguf_path,
+                  processor=processor)
+
+
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+
+
+def is_vision_language(local: str, revision: str | None, trust_remote_code: bool) -> bool:
+    """A vision-language config (a vision_config beside its text_config): loaded as image-text-to-text."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return False  # the model load below reports what is wrong
+    return getattr(config, "vision_config", None) is not None
+
+
+def load_processor(path: str, local: str, revision: str | None, trust_remote_code: bool):
+    """A vision-language target's processor (image processor, tokenizer, chat template); None when a local model
+    directory has no processor files (the target then reads text rows only)."""
+    from transformers import AutoProcessor
+
+    folder = Path(local).expanduser()
+    if folder.is_dir() and not any((folder / f).is_file() for f in PROCESSOR_FILES):
+        return None
+    try:
+        return AutoProcessor.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError, ImportError, AttributeError) as exc:
+        detail = " ".join(str(exc).split())[:200]
+        raise UserError(f"target {path}: its processor (images + chat template) does not load ({detail}); restore its "
+                        "processor files (preprocessor_config.json, processor_config.json) or install what it "
+                        "names (e.g. torchvision for a video processor)") from exc
 
 
 def _load_gguf_model(local: str, gguf_name: str, dtype) -> nn.Module:
