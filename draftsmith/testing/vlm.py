@@ -109,6 +109,10 @@ def vlm_target(name: str = "gemma3-vl", seed: int = 0) -> Target:
     config = vlm_config(name)
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():  # transformers starts Gemma-3's image projection at zero: every image would look alike
+        for param_name, p in model.named_parameters():
+            if "projector" in param_name and p.dim() > 1 and not p.any():
+                p.normal_(0.0, p.shape[0] ** -0.5)
     processor = processor_for(name, config)
     return Target(model, processor.tokenizer, name=f"tiny-{name}-seed{seed}", processor=processor)
 
