@@ -179,8 +179,15 @@ def traits(config, model=None) -> Traits:
 def logits_transform(config) -> tuple[float | None, float | None, float | None]:
     """(final soft-cap, multiply-by, divide-by) the target applies after its lm_head."""
     c = text_config(config)
-    return (getattr(c, "final_logit_softcapping", None), getattr(c, "logit_scale", None),
-            getattr(c, "logits_scaling", None))
+    cap = getattr(c, "final_logit_softcapping", None)
+    if getattr(config, "vision_config", None) is not None and config.model_type in VLM_FORWARD_WITHOUT_SOFTCAP:
+        cap = None
+    return cap, getattr(c, "logit_scale", None), getattr(c, "logits_scaling", None)
+
+
+# Image-text-to-text classes whose forward applies no final soft-capping, whatever their text config says
+# (transformers 5.25: Gemma3ForConditionalGeneration.forward returns lm_head(h); Gemma3ForCausalLM caps).
+VLM_FORWARD_WITHOUT_SOFTCAP = ("gemma3",)
 
 
 def config_refusals(config) -> list[str]:
