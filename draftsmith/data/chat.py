@@ -142,8 +142,11 @@ def encode_chat(tokenizer, messages: list[dict], mode: str, max_length: int) -> 
     return ids, mask, truncated
 
 
-def prompt_text(tokenizer, messages: list[dict], mode: str) -> str:
-    """The text a generator continues: the conversation so far plus the assistant header."""
+def prompt_text(tokenizer, messages: list[dict], mode: str, template: str | None = None) -> str:
+    """The text a generator continues: the conversation so far plus the assistant header (template: a
+    vision-language processor's chat template, for messages with image parts)."""
+    if template:
+        return _apply(tokenizer, messages, add_generation_prompt=True, template=template)
     if uses_template(tokenizer, mode):
         return _apply(tokenizer, messages, add_generation_prompt=True)
     return render_plain(tokenizer, messages, add_generation_prompt=True)[0]

@@ -130,7 +130,7 @@ def encode_image_row(row: formats.Row, processor, data_cfg) -> tuple[list[int], 
     try:
         out = processor(text=[text], images=[images], return_tensors="pt")
     except (ValueError, TypeError, RuntimeError) as exc:
-        raise formats.RowError(formats.BAD_IMAGE, f"the processor refused the row: {' '.join(str(exc).split())[:200]}")
+        raise formats.RowError(formats.BAD_IMAGE, f"the processor refused the row: {' '.join(str(exc).split())[:200]}") from None
     ids = out["input_ids"][0].tolist()
     mask = expanded_mask(list(enc["input_ids"]), base_mask, ids)
     media = {k: v[0] if k in SEQUENCE_KEYS else v for k, v in out.items() if k not in ("input_ids", "attention_mask")}
@@ -150,3 +150,18 @@ def encode_image_row(row: formats.Row, processor, data_cfg) -> tuple[list[int], 
     if sum(mask) == 0:
         raise formats.RowError(chat.EMPTY_AFTER_TRUNCATION, f"{len(ids)} tokens, max_length {data_cfg.max_length}")
     return ids, mask, media, truncated
+
+
+def made_image(seed: int = 0, size: tuple[int, int] = (40, 32)):
+    """A small RGB image made in code (tests, and eval's `images` workload): a seeded colour gradient with a
+    bright square, as a PIL image of size (height, width)."""
+    import numpy as np
+    from PIL import Image
+
+    g = np.random.default_rng(seed)
+    h, w = size
+    base = np.linspace(0, 255, w)[None, :, None] * g.uniform(0.2, 1.0, 3)[None, None, :]
+    pixels = np.broadcast_to(base, (h, w, 3)).copy()
+    y, x = int(g.integers(0, h // 2)), int(g.integers(0, w // 2))
+    pixels[y:y + h // 3, x:x + w // 3] = g.uniform(128, 255, 3)
+    return Image.fromarray(pixels.astype("uint8"), "RGB")

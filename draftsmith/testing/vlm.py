@@ -123,15 +123,23 @@ def save(target: Target, directory) -> None:
     target.processor.save_pretrained(directory)
 
 
-def tiny_image(seed: int = 0, size: tuple[int, int] = (40, 32)):
-    """A small RGB image made in code: a seeded colour gradient with a bright square (a PIL image)."""
-    import numpy as np
-    from PIL import Image
+def count_images(target) -> list[int]:
+    """A counter on the target's vision tower: one entry per call, that call's number of images."""
+    calls: list[int] = []
+    inner = target.model.model
+    tower = getattr(inner, "vision_tower", None) or inner.visual
 
-    g = np.random.default_rng(seed)
-    h, w = size
-    base = np.linspace(0, 255, w)[None, :, None] * g.uniform(0.2, 1.0, 3)[None, None, :]
-    pixels = np.broadcast_to(base, (h, w, 3)).copy()
-    y, x = int(g.integers(0, h // 2)), int(g.integers(0, w // 2))
-    pixels[y:y + h // 3, x:x + w // 3] = g.uniform(128, 255, 3)
-    return Image.fromarray(pixels.astype("uint8"), "RGB")
+    def hook(_module, args, kwargs, _out):
+        grid = kwargs.get("grid_thw", args[1] if len(args) > 1 else None)  # Qwen-VL: one row per image
+        pixels = kwargs.get("pixel_values", args[0] if args else None)
+        calls.append(int(grid.shape[0]) if grid is not None else int(pixels.shape[0]))
+
+    tower.register_forward_hook(hook, with_kwargs=True)
+    return calls
+
+
+def tiny_image(seed: int = 0, size: tuple[int, int] = (40, 32)):
+    """A small RGB image made in code (data/images.py made_image)."""
+    from draftsmith.data.images import made_image
+
+    return made_image(seed, size)

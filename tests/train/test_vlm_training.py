@@ -41,31 +41,15 @@ def _recipe(tmp_path, target_dir, data, out, **features):
         "logging": {"progress_bar": False, "report_to": []}})
 
 
-def count_images(target) -> list[int]:
-    """Images through the vision tower so far (one entry per call: that call's image count)."""
-    calls: list[int] = []
-    inner = target.model.model
-    tower = getattr(inner, "vision_tower", None) or inner.visual
-
-    def hook(_module, args, kwargs, _out):
-        grid = kwargs.get("grid_thw", args[1] if len(args) > 1 else None)  # Qwen-VL: one row per image
-        pixels = kwargs.get("pixel_values", args[0] if args else None)
-        calls.append(int(grid.shape[0]) if grid is not None else int(pixels.shape[0]))
-
-    tower.register_forward_hook(hook, with_kwargs=True)
-    return calls
-
-
 @pytest.mark.parametrize("name", ["gemma3-vl", "qwen2.5-vl"])
 def test_vision_tower_runs_once_per_row_through_cache_and_training(tmp_path, name):
     from draftsmith.commands.prepare import run_features
-    from draftsmith.data import collate, features
-    from draftsmith.data import feature_cache
+    from draftsmith.data import collate, feature_cache, features
     from draftsmith.train.loop import Trainer
 
     torch.set_num_threads(1)
     target = vlm.vlm_target(name)
-    calls = count_images(target)
+    calls = vlm.count_images(target)
     data = _data(tmp_path)
     cfg = _recipe(tmp_path, tmp_path / "unused-target", data, "offline", mode="offline",
                   cache_dir=str(tmp_path / "cache"), dtype="float32")
@@ -89,14 +73,13 @@ def test_vision_tower_runs_once_per_row_through_cache_and_training(tmp_path, nam
 
 def test_eagle3_trains_online_on_image_rows_and_exports_or_refuses(tmp_path):
     from draftsmith import checkpoint
-    from draftsmith.export import can_export, export
-    from draftsmith.export import formats_for
+    from draftsmith.export import can_export, export, formats_for
     from draftsmith.train.loop import Trainer
 
     torch.set_num_threads(1)
     target = vlm.vlm_target("gemma3-vl")
     vlm.save(target, tmp_path / "target")
-    calls = count_images(target)
+    calls = vlm.count_images(target)
     cfg = _recipe(tmp_path, tmp_path / "target", _data(tmp_path), "online")
     trainer = Trainer(cfg, target)
     result = trainer.run()
