@@ -111,7 +111,9 @@ def run_workload(target, proposer, name: str, s: EvalSettings, log: Callable[[st
     items = workloads.load(name, s.data_dir, s.num_prompts)
     if not items:
         raise UserError(f"workload {name!r} has no prompts")
-    limit = getattr(target.config, "max_position_embeddings", None)
+    from draftsmith.targets.archs import text_config
+
+    limit = getattr(text_config(target.config), "max_position_embeddings", None)  # a VLM: its language model's
     max_prompt = None if limit is None else limit - s.max_new_tokens
     if max_prompt is not None and max_prompt < 1:
         raise UserError(f"--max-new-tokens {s.max_new_tokens} leaves no room for a prompt in {limit} positions")
