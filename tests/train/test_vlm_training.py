@@ -98,3 +98,21 @@ def test_eagle3_trains_online_on_image_rows_and_exports_or_refuses(tmp_path):
         outcomes[fmt] = out.report.get("round_trip", "validated")
     assert set(outcomes) == {"vllm", "sglang"}
     assert any(not v.startswith("refused") for v in outcomes.values())  # at least one engine takes it
+
+
+def test_vllm_format_hidden_states_of_image_rows(tmp_path):
+    """prepare --features --format vllm writes each image row's states as the target computed them from its
+    pixels; training from that folder runs the vision tower once more only (the spot check of one row)."""
+    from draftsmith.commands.prepare import run_features
+    from draftsmith.train.loop import Trainer
+
+    torch.set_num_threads(1)
+    target = vlm.vlm_target("qwen2.5-vl")
+    calls = vlm.count_images(target)
+    cfg = _recipe(tmp_path, tmp_path / "unused-target", _data(tmp_path), "from-vllm", mode="offline", source="vllm",
+                  dir=str(tmp_path / "hs"))
+    run_features(cfg, target=target, log=lambda *_: None, fmt="vllm")
+    assert sum(calls) == ROWS
+    result = Trainer(cfg, target).run(stop_after=2)  # the spot check recomputes one row and compares it
+    assert len(result.losses) == 2 and all(math.isfinite(x) for x in result.losses)
+    assert sum(calls) <= ROWS + 1
