@@ -259,6 +259,7 @@ class SpeculativeState:
         tree = tree_mod.Tree(tree.tokens.to(dev), tree.parents.to(dev), tree.depths.to(dev))
         t1 = clock(dev)
         mask, positions = tree_mod.verify_inputs(tree, n_past, self.target.dtype)  # [1, 1, N+1, n_past+N+1], [1, N+1]
+        positions = positions + self.target.position_offset()  # after an image prompt: Qwen-VL's M-RoPE shift
         inputs = torch.cat([self.context[-1:], tree.tokens])[None]  # [1, N + 1]
         out = self.target.forward(inputs, attention_mask=mask, cache=self.cache, position_ids=positions)  # 2.
         t2 = clock(dev)

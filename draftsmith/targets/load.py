@@ -312,6 +312,12 @@ class Target:
             **({"format": "gguf", "gguf_file": self.gguf_file} if self.gguf_file else {}),
         }
 
+    def position_offset(self):
+        """What a text position after the prompt's images is shifted by: Qwen-VL's M-RoPE rope_deltas ([b, 1],
+        kept by the model from the prefill), 0 for any other target. A forward given its own position_ids
+        (tree verification) adds it, as the model's own decode steps do."""
+        return position_offset(self.model)
+
     # ---- forward
     @torch.no_grad()
     def forward(self, input_ids, attention_mask=None, cache=None, position_ids=None, **media) -> TargetOutput:
@@ -319,9 +325,7 @@ class Target:
         token_type_ids / mm_token_type_ids). A forward that starts a sequence (no cache, or an empty one) drops
         the M-RoPE offsets a Qwen-VL model kept from the previous request (its rope_deltas), so they are
         computed from this prompt's images; decode steps on the cache reuse them (the language model alone)."""
-        inner = getattr(self.model, "model", None)
-        if getattr(inner, "rope_deltas", None) is not None and (cache is None or cache.get_seq_length() == 0):
-            inner.rope_deltas = None
+        forget_position_offset(self.model, cache)
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -332,6 +336,19 @@ class Target:
             **media,
         )
         return TargetOutput(logits=out.logits, hidden_states=out.hidden_states)
+
+
+def position_offset(model):
+    """A model's M-RoPE offset after an image prompt (Qwen-VL's rope_deltas), else 0 (Target.position_offset)."""
+    deltas = getattr(getattr(model, "model", None), "rope_deltas", None)
+    return 0 if deltas is None else deltas
+
+
+def forget_position_offset(model, cache) -> None:
+    """A forward that starts a sequence (no cache, or an empty one) drops the offset the previous request left."""
+    inner = getattr(model, "model", None)
+    if getattr(inner, "rope_deltas", None) is not None and (cache is None or cache.get_seq_length() == 0):
+        inner.rope_deltas = None
 
 
 def load(path: str, dtype: str = "float32", device: str = "auto", revision: str | None = None,

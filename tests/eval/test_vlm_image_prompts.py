@@ -91,3 +91,22 @@ def test_images_on_a_text_target_and_a_missing_folder_are_one_line(tmp_path):
         image_workloads.encode(image_workloads.generated(1)[0], testing.tiny_target())
     with pytest.raises(UserError, match="no such folder"):
         workloads.expand([f"images:{tmp_path / 'nope'}"])
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-vl", "qwen3-vl"])  # Gemma-3 trees fail on text too (see the report)
+def test_tree_drafting_on_an_image_prompt_is_lossless(name):
+    """Tree verification passes its own positions: a Qwen-VL text position after images is shifted by the
+    prompt's M-RoPE offset (Target.position_offset), as the model's own decode steps shift it."""
+    from draftsmith.eval.tree import TreeConfig
+    from draftsmith.heads import DRAFTERS
+
+    torch.set_num_threads(1)
+    target = vlm.vlm_target(name)
+    ids, _, media = image_workloads.encode(image_workloads.generated(1)[0], target)
+    base = generate(target, None, ids, LoopConfig(k=0, max_new_tokens=NEW, eos_ids=[]), media=media).tokens
+    cls = DRAFTERS.get("eagle3")
+    drafter = cls.from_target(cls.Config(**cls.tiny_options), target).eval()
+    tree = generate(target, drafter.make_proposer(target), ids,
+                    LoopConfig(k=3, max_new_tokens=NEW, eos_ids=[], tree=TreeConfig(depth=3, topk=2, budget=6)),
+                    media=media)
+    assert tree.tokens == base
