@@ -37,6 +37,7 @@ from draftsmith.core.sampling import SamplingParams, logits_to_probs, sample, ve
 from draftsmith.eval import batch as batch_mod
 from draftsmith.eval import tree as tree_mod
 from draftsmith.targets import state_cache
+from draftsmith.targets.archs import text_config
 from draftsmith.targets.load import Target, TargetOutput
 
 
@@ -190,7 +191,7 @@ class SpeculativeState:
         vision-language target's image inputs for the prompt (pixel_values, token_type_ids from its
         processor); the vision tower runs in this forward only, decoding continues on the cache."""
         prompt_ids = prompt_ids.to(self.device).long().reshape(-1)
-        limit = getattr(self.target.config, "max_position_embeddings", None)
+        limit = getattr(text_config(self.target.config), "max_position_embeddings", None)  # a VLM: its language model's
         n = prompt_ids.shape[0]
         if limit is not None and n + self.cfg.max_new_tokens > limit:
             raise UserError(f"prompt ({n} tokens) + max_new_tokens ({self.cfg.max_new_tokens}) exceeds the target's "

@@ -236,9 +236,12 @@ class Target:
     @property
     def eos_ids(self) -> list[int]:
         """All stop ids: generation_config's eos list (stories260K: [2, 1]) plus the tokenizer's."""
+        from draftsmith.targets.archs import text_config
+
         ids: list[int] = []
         gen = getattr(self.model, "generation_config", None)
-        for source in (getattr(gen, "eos_token_id", None), self.config.eos_token_id, self.tokenizer.eos_token_id):
+        config_eos = getattr(text_config(self.config), "eos_token_id", None)  # a vision-language target: its text config's
+        for source in (getattr(gen, "eos_token_id", None), config_eos, self.tokenizer.eos_token_id):
             if source is None:
                 continue
             for i in source if isinstance(source, (list, tuple)) else [source]:

@@ -480,7 +480,9 @@ class TrainingDivergedError(UserError):
 
 def check_positions(cfg, options, target) -> None:
     """Rows and drafting blocks must fit the target's positions (a longer row runs past its rope table)."""
-    limit = getattr(target.config, "max_position_embeddings", None)
+    from draftsmith.targets.archs import text_config
+
+    limit = getattr(text_config(target.config), "max_position_embeddings", None)  # a VLM: its language model's
     if not isinstance(limit, int):
         return
     for key, value in (("data.max_length", cfg.data.max_length), ("data.pack_length", cfg.data.pack_length),

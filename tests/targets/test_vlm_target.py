@@ -21,6 +21,7 @@ def test_gemma3_vl_directory_loads_with_its_processor(tmp_path):
     assert type(target.model).__name__ == "Gemma3ForConditionalGeneration" and target.processor is not None
     assert target.fingerprint == made.fingerprint
     assert target.num_layers == 4 and target.hidden_size == 32
+    assert target.eos_ids == [2]  # the text config's (a VLM config has no top-level eos_token_id)
     from draftsmith.eval import image_workloads
 
     item = image_workloads.generated(1)[0]
