@@ -137,6 +137,12 @@ def build_dataset(data_cfg, tokenizer, processor=None) -> tuple[TokenDataset, To
         from draftsmith.data import hf_tokenize
 
         input_ids, loss_mask, ids = hf_tokenize.build(data_cfg, tokenizer, report, num_proc)
+        from draftsmith.data.images import TEXT_TARGET
+
+        if processor is not None and report.skipped.get(TEXT_TARGET):
+            raise UserError(f"data.num_proc={num_proc} tokenizes text rows only (through datasets.map), and "
+                            f"{report.skipped[TEXT_TARGET]} row(s) of data.path have images: set data.num_proc 0 to "
+                            "train on them (their images go through the target's processor)")
     for raw, row, err in rows:
         report.read += 1
         if err is None:

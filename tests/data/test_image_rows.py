@@ -146,3 +146,12 @@ def test_hf_dataset_with_an_image_column(tmp_path):
 def test_expanded_mask_keeps_matched_tokens_only():
     assert images.expanded_mask([5, 9, 7, 7], [0, 0, 1, 1], [5, 8, 8, 9, 7, 7]) == [0, 0, 0, 0, 1, 1]
     assert chat.mask_from_offsets([(0, 1), (1, 2)], [(1, 2)]) == [0, 1]
+
+
+def test_datasets_tokenization_path_says_it_reads_text_rows_only(tmp_path):
+    import dataclasses
+
+    target = vlm.vlm_target("gemma3-vl")
+    cfg = dataclasses.replace(_cfg(_write(tmp_path, ROWS)), num_proc=1)
+    with pytest.raises(UserError, match=r"data.num_proc=1 tokenizes text rows only.*2 row\(s\).*have images"):
+        data.build_dataset(cfg, target.tokenizer, target.processor)
