@@ -44,6 +44,12 @@ layers' rope; partial rotary, GLM-4, becomes whole-head rotary); soft labels tha
 logits (soft-capped for Gemma; the offline cache replays them through `Target.logits_from_hidden` and
 checks them against the real logits when it is built). Sliding-window and chunked layers of the target
 are rolled back correctly by the speculative loop (their caches record past keys until each crop).
+
+The vision-language rows (`gemma3-vl`, `qwen2.5-vl`, `qwen3-vl`) load the whole model (transformers'
+image-text-to-text class) and run text prompts here. Rows with images, image prompts in the loop and the
+feature cache of image rows are tested on the same tiny configurations with a real processor and images
+made in code (tests/data/test_image_rows.py, tests/eval/test_vlm_image_prompts.py,
+tests/train/test_vlm_training.py); docs/data.md "Rows with images" describes them.
 """
 
 HYBRIDS = """

@@ -64,12 +64,15 @@ def load_meta(path: str, revision: str | None = None, trust_remote_code: bool = 
         raise config_json_error(local, exc, gguf_name) from exc
     problems = []
     model = None
+    auto = AutoModelForCausalLM
+    if getattr(config, "vision_config", None) is not None:  # a vision-language target loads whole (targets/load.py)
+        from transformers import AutoModelForImageTextToText as auto
     try:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+            model = auto.from_config(config, trust_remote_code=trust_remote_code)
     except (ValueError, KeyError) as exc:
-        problems.append(f"transformers has no causal-LM class for model_type {config.model_type!r} ({exc}); "
-                        "point target.path at a text-only (ForCausalLM) checkpoint")
+        problems.append(f"transformers has no causal-LM or image-text-to-text class for model_type "
+                        f"{config.model_type!r} ({exc}); point target.path at a language model's checkpoint")
     if gguf_name and model is not None and not getattr(config, "architectures", None):
         config.architectures = [type(model).__name__]  # as target.load records it (a GGUF config has none)
     try:

@@ -136,11 +136,11 @@ def run_features(cfg, target=None, layers=None, required=None, log=print, fmt: s
         from draftsmith.checkpoint import run_in_dtype
 
         run_in_dtype(target, cfg.features.build_dtype)  # fingerprinted as loaded, then cast
-    train, heldout, report = ds.build_dataset(ds.training_data_config(cfg), target.tokenizer)
+    train, heldout, report = ds.build_dataset(ds.training_data_config(cfg), target.tokenizer,
+                                              getattr(target, "processor", None))
     if rank == 0:
         log(report.summary())
-    full = ds.TokenDataset(train.input_ids + heldout.input_ids, train.loss_mask + heldout.loss_mask,
-                           train.ids + heldout.ids)
+    full = train.joined(heldout)
     if layers is None or required is None:
         layers, required = drafter_layers_and_features(cfg, target, ds.token_counts(train, target.vocab_size))
     f = cfg.features

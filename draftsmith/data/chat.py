@@ -69,16 +69,18 @@ def render_plain(tokenizer, messages: list[dict], add_generation_prompt: bool = 
     return text, spans
 
 
-def _apply(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
-    """The tokenizer's template, bounded in time and output (data/template_bounds.py); the sandbox's
-    refusals, includes and bounds become a RowError with one line."""
+def _apply(tokenizer, messages: list[dict], add_generation_prompt: bool, template: str | None = None) -> str:
+    """The tokenizer's template (or `template`: a vision-language processor's), bounded in time and output
+    (data/template_bounds.py); the sandbox's refusals, includes and bounds become a RowError with one line."""
     from jinja2 import TemplateError
 
     from draftsmith.data import template_bounds
 
     template_bounds.install()
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        extra = {"chat_template": template} if template else {}
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             **extra)
     except (TemplateError, ValueError, TypeError) as exc:
         raise RowError(TEMPLATE_ERROR, " ".join(str(exc).split())[:300]) from exc
     except RecursionError:
@@ -94,17 +96,17 @@ def _trim_end(tokenizer, text: str, start: int, end: int) -> int:
     return end
 
 
-def render_template(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
-    """The tokenizer's chat template: (text, assistant character spans), by prefix rendering."""
-    full = _apply(tokenizer, messages, add_generation_prompt=False)
+def render_template(tokenizer, messages: list[dict], template: str | None = None) -> tuple[str, list[tuple[int, int]]]:
+    """The tokenizer's chat template (or `template`): (text, assistant character spans), by prefix rendering."""
+    full = _apply(tokenizer, messages, add_generation_prompt=False, template=template)
     spans: list[tuple[int, int]] = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
         if i == 0:
             raise RowError(TEMPLATE_ERROR, "turn 0 is an assistant turn; a chat template needs a prompt first")
-        prefix = _apply(tokenizer, messages[:i], add_generation_prompt=True)
-        upto = _apply(tokenizer, messages[: i + 1], add_generation_prompt=False)
+        prefix = _apply(tokenizer, messages[:i], add_generation_prompt=True, template=template)
+        upto = _apply(tokenizer, messages[: i + 1], add_generation_prompt=False, template=template)
         if not upto.startswith(prefix) or not full.startswith(upto):
             raise RowError(NOT_PREFIX_STABLE, f"rendering turn {i} changes the earlier text; use data.chat_template=plain")
         spans.append((len(prefix), _trim_end(tokenizer, upto, len(prefix), len(upto))))
@@ -117,7 +119,7 @@ def render(tokenizer, messages: list[dict], mode: str) -> tuple[str, list[tuple[
     return render_plain(tokenizer, messages)
 
 
-def _mask_from_offsets(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
+def mask_from_offsets(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
     mask = []
     for a, b in offsets:
         b = max(b, a + 1)  # zero-width tokens count at their start position
@@ -130,7 +132,7 @@ def encode_chat(tokenizer, messages: list[dict], mode: str, max_length: int) -> 
     text, spans = render(tokenizer, messages, mode)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
     ids = list(enc["input_ids"])
-    mask = _mask_from_offsets(enc["offset_mapping"], spans)
+    mask = mask_from_offsets(enc["offset_mapping"], spans)
     truncated = len(ids) > max_length
     ids, mask = ids[:max_length], mask[:max_length]
     if mask:
@@ -140,8 +142,11 @@ def encode_chat(tokenizer, messages: list[dict], mode: str, max_length: int) -> 
     return ids, mask, truncated
 
 
-def prompt_text(tokenizer, messages: list[dict], mode: str) -> str:
-    """The text a generator continues: the conversation so far plus the assistant header."""
+def prompt_text(tokenizer, messages: list[dict], mode: str, template: str | None = None) -> str:
+    """The text a generator continues: the conversation so far plus the assistant header (template: a
+    vision-language processor's chat template, for messages with image parts)."""
+    if template:
+        return _apply(tokenizer, messages, add_generation_prompt=True, template=template)
     if uses_template(tokenizer, mode):
         return _apply(tokenizer, messages, add_generation_prompt=True)
     return render_plain(tokenizer, messages, add_generation_prompt=True)[0]

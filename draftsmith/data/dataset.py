@@ -25,22 +25,40 @@ MAX_EXAMPLES = 10
 
 
 class TokenDataset(torch.utils.data.Dataset):
-    """Rows of token ids and loss masks; item i -> {"input_ids": [s], "loss_mask": [s], "id": str}."""
+    """Rows of token ids and loss masks; item i -> {"input_ids": [s], "loss_mask": [s], "id": str}. A row with
+    images also has its processor's tensors (data/images.py): per-token ones ("token_type_ids" [s]) as keys of
+    the item, per-image ones under "media" ({"pixel_values": ..., "image_grid_thw": ...})."""
 
-    def __init__(self, input_ids: list[torch.Tensor], loss_mask: list[torch.Tensor], ids: list[str]):
+    def __init__(self, input_ids: list[torch.Tensor], loss_mask: list[torch.Tensor], ids: list[str],
+                 media: list[dict | None] | None = None):
         assert len(input_ids) == len(loss_mask) == len(ids)
         self.input_ids = input_ids
         self.loss_mask = loss_mask
         self.ids = ids
+        self.media = media if media is not None and any(m for m in media) else None  # None: a text-only set
 
     def __len__(self) -> int:
         return len(self.input_ids)
 
     def __getitem__(self, i: int) -> dict:
-        return {"input_ids": self.input_ids[i].long(), "loss_mask": self.loss_mask[i].long(), "id": self.ids[i]}
+        item = {"input_ids": self.input_ids[i].long(), "loss_mask": self.loss_mask[i].long(), "id": self.ids[i]}
+        if self.media is not None and self.media[i]:
+            from draftsmith.data.images import SEQUENCE_KEYS
+
+            item.update({k: v for k, v in self.media[i].items() if k in SEQUENCE_KEYS})
+            item["media"] = {k: v for k, v in self.media[i].items() if k not in SEQUENCE_KEYS}
+        return item
 
     def subset(self, start: int, end: int) -> "TokenDataset":
-        return TokenDataset(self.input_ids[start:end], self.loss_mask[start:end], self.ids[start:end])
+        media = None if self.media is None else self.media[start:end]
+        return TokenDataset(self.input_ids[start:end], self.loss_mask[start:end], self.ids[start:end], media)
+
+    def joined(self, other: "TokenDataset") -> "TokenDataset":
+        """This dataset's rows, then other's (images kept)."""
+        media = None if self.media is None and other.media is None else \
+            (self.media or [None] * len(self)) + (other.media or [None] * len(other))
+        return TokenDataset(self.input_ids + other.input_ids, self.loss_mask + other.loss_mask, self.ids + other.ids,
+                            media)
 
     @property
     def num_tokens(self) -> int:
@@ -99,8 +117,9 @@ class DataReport:
         return "\n".join(lines)
 
 
-def build_dataset(data_cfg, tokenizer) -> tuple[TokenDataset, TokenDataset, DataReport]:
+def build_dataset(data_cfg, tokenizer, processor=None) -> tuple[TokenDataset, TokenDataset, DataReport]:
     """Read data_cfg.path, render and tokenize every row, skip malformed ones (counted by reason).
+    processor: a vision-language target's (Target.processor): rows with images go through it.
 
     Returns (train, heldout, report); heldout is the last data_cfg.eval_samples sequences.
     Raises ValueError (with the report) when nothing usable remains.
@@ -111,17 +130,24 @@ def build_dataset(data_cfg, tokenizer) -> tuple[TokenDataset, TokenDataset, Data
     input_ids: list[torch.Tensor] = []
     loss_mask: list[torch.Tensor] = []
     ids: list[str] = []
+    media: list[dict | None] = []
     num_proc = getattr(data_cfg, "num_proc", 0) or 0
     rows = () if num_proc >= 1 else formats.iter_rows(report.files, data_cfg.format)
     if num_proc >= 1:  # the datasets path: Dataset.map(num_proc), fingerprint-cached (hf_tokenize.py)
         from draftsmith.data import hf_tokenize
 
         input_ids, loss_mask, ids = hf_tokenize.build(data_cfg, tokenizer, report, num_proc)
+        from draftsmith.data.images import TEXT_TARGET
+
+        if processor is not None and report.skipped.get(TEXT_TARGET):
+            raise UserError(f"data.num_proc={num_proc} tokenizes text rows only (through datasets.map), and "
+                            f"{report.skipped[TEXT_TARGET]} row(s) of data.path have images: set data.num_proc 0 to "
+                            "train on them (their images go through the target's processor)")
     for raw, row, err in rows:
         report.read += 1
         if err is None:
             try:
-                pieces, truncated = encode_row(row, tokenizer, data_cfg)
+                pieces, truncated = encode_row(row, tokenizer, data_cfg, processor)
             except formats.RowError as exc:
                 err = exc
         if err is not None:
@@ -129,15 +155,17 @@ def build_dataset(data_cfg, tokenizer) -> tuple[TokenDataset, TokenDataset, Data
             continue
         report.used += 1
         report.truncated += int(truncated)
-        for k, (seq, mask) in enumerate(pieces):
+        for k, (seq, mask, *row_media) in enumerate(pieces):
             input_ids.append(torch.tensor(seq, dtype=torch.int32))
             loss_mask.append(torch.tensor(mask, dtype=torch.uint8))
             ids.append(row.row_id if len(pieces) == 1 else f"{row.row_id}#{k}")
+            media.append(row_media[0] if row_media else None)
         if data_cfg.max_samples is not None and len(input_ids) >= data_cfg.max_samples:
             del input_ids[data_cfg.max_samples:], loss_mask[data_cfg.max_samples:], ids[data_cfg.max_samples:]
+            del media[data_cfg.max_samples:]
             report.stopped_at_max_samples = True
             break
-    full = TokenDataset(input_ids, loss_mask, ids)
+    full = TokenDataset(input_ids, loss_mask, ids, media if len(media) == len(ids) else None)
     report.samples, report.tokens, report.loss_tokens = len(full), full.num_tokens, full.num_loss_tokens
     n_eval = data_cfg.eval_samples
     if len(full) - n_eval < 1:
@@ -165,18 +193,24 @@ def collate(items: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
 
     Every other tensor whose first dim is the sequence (e.g. cached aux_hidden_states [s, n*h])
     is padded with zeros (document_ids of packed rows with -1); non-tensor keys ("id") are dropped.
+    Image rows' per-image tensors ("media": pixel_values, image_grid_thw) are concatenated in row order,
+    as a vision-language model takes them for a batch.
     """
     lengths = [len(it["input_ids"]) for it in items]
     s = max(lengths)
     out: dict[str, torch.Tensor] = {}
-    keys = [k for k, v in items[0].items() if isinstance(v, torch.Tensor)]
+    keys = list(dict.fromkeys(k for it in items for k, v in it.items() if isinstance(v, torch.Tensor)))
     for key in keys:
-        first = items[0][key]
+        first = next(it[key] for it in items if key in it)
         fill = pad_id if key == "input_ids" else -1 if key == "document_ids" else 0
         batch = torch.full((len(items), s, *first.shape[1:]), fill, dtype=first.dtype)  # [b, s, ...]
         for b, it in enumerate(items):
-            batch[b, : lengths[b]] = it[key]
+            if key in it:  # a text row beside image rows has no token_type_ids: 0 (text) throughout
+                batch[b, : lengths[b]] = it[key]
         out[key] = batch
+    per_image = [it["media"] for it in items if it.get("media")]  # image rows: their images, in row order
+    for key in dict.fromkeys(k for m in per_image for k in m):
+        out[key] = torch.cat([m[key] for m in per_image if key in m])  # [images (or patches), ...]
     out["attention_mask"] = (torch.arange(s)[None, :] < torch.tensor(lengths)[:, None]).long()  # [b, s]
     return out
 

@@ -6,6 +6,8 @@ Layout of cache_dir:
                            data fingerprint, shards [{file, start, end, tokens, loss_tokens}], complete
   shard_00000.safetensors  rows [start, end): tensors "{row}/input_ids", "{row}/loss_mask",
                            "{row}/aux_hidden_states" [s, n*h], "{row}/last_hidden_state" [s, h]
+A row with images (a vision-language target) is cached as the target computed it from its pixels: the
+vision tower runs once per row, at build time; training reads the features and never runs the target.
 Resumable: shards listed in the manifest are kept; each shard is written to a temporary file
 and moved into place with os.replace, then the manifest is rewritten (also atomically).
 target_logits are not stored: features.complete() recomputes them from last_hidden_state.
@@ -81,11 +83,15 @@ def cache_features(required: Iterable[str]) -> list[str]:
 
 
 def data_fingerprint(dataset) -> str:
+    """Over every row's ids and mask, and an image row's pixels (the same text with another image is other data)."""
     h = hashlib.sha256()
     for i in range(len(dataset)):
         item = dataset[i]
         h.update(item["input_ids"].to(torch.int64).numpy().tobytes())
         h.update(item["loss_mask"].to(torch.int64).numpy().tobytes())
+        for key, value in sorted((item.get("media") or {}).items()):
+            h.update(key.encode())
+            h.update(value.float().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -122,8 +128,9 @@ def _shard_tensors(target, dataset, start: int, end: int, layers, dtype, feature
         items = [dataset[i] for i in rows]
         batch = collate(items, pad)
         check = lo == 0 and "last_hidden_state" in features  # once per shard: the soft labels' path
+        media = {k: v.to(target.device) for k, v in feats_mod.media_of(batch).items()}  # image rows: the vision tower runs here
         f = feats_mod.compute(target, batch["input_ids"].to(target.device), batch["attention_mask"].to(target.device),
-                              set(features) | ({"target_logits"} if check else set()), list(layers))
+                              set(features) | ({"target_logits"} if check else set()), list(layers), media=media)
         if check:
             feats_mod.check_logits_path(target, f["last_hidden_state"], f["target_logits"], batch["attention_mask"])
         for b, (row, item) in enumerate(zip(rows, items)):

@@ -15,11 +15,21 @@ from draftsmith.core.errors import UserError
 HIDDEN_FEATURES = ("aux_hidden_states", "last_hidden_state")
 
 
+def media_of(batch: dict) -> dict[str, torch.Tensor]:
+    """A batch's image inputs for a vision-language target (data/images.py MEDIA_KEYS); {} for text rows."""
+    from draftsmith.data.images import MEDIA_KEYS
+
+    return {k: batch[k] for k in MEDIA_KEYS if k in batch}
+
+
 def compute(target, input_ids: torch.Tensor, attention_mask: torch.Tensor, required: set[str],
-            layers: list[int], position_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+            layers: list[int], position_ids: torch.Tensor | None = None,
+            media: dict | None = None) -> dict[str, torch.Tensor]:
     """One target forward -> the features in `required` (input ids/masks are not included).
-    attention_mask is [b, s] (padding) or, for packed rows, the 4D bias of draftsmith.data.packing."""
-    out = target.forward(input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    attention_mask is [b, s] (padding) or, for packed rows, the 4D bias of draftsmith.data.packing.
+    media: image rows' processor tensors: the full vision-language model runs (vision tower included), so
+    the features at image positions are what the target computed from the pixels."""
+    out = target.forward(input_ids, attention_mask=attention_mask, position_ids=position_ids, **(media or {}))
     feats: dict[str, torch.Tensor] = {}
     if "aux_hidden_states" in required:
         feats["aux_hidden_states"] = torch.cat([out.hidden_states[i] for i in layers], dim=-1)  # n x [b,s,h] -> [b,s,n*h]
@@ -63,5 +73,6 @@ def complete(target, batch: dict[str, torch.Tensor], required: set[str], layers:
     from draftsmith.data import packing
 
     inputs = packing.model_inputs(batch, target.dtype)  # packed rows: block-diagonal mask, per-document positions
-    feats = compute(target, batch["input_ids"], inputs["attention_mask"], missing, layers, inputs.get("position_ids"))
+    feats = compute(target, batch["input_ids"], inputs["attention_mask"], missing, layers, inputs.get("position_ids"),
+                    media_of(batch))
     return {**batch, **{k: v for k, v in feats.items() if k not in batch}}

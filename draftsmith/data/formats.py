@@ -50,6 +50,8 @@ PROMPT_ONLY = "prompt only (regenerate it with `draftsmith prepare`)"
 EMPTY_TEXT = "empty text"
 NOT_UTF8 = "not UTF-8"
 BAD_VALUE = "bad value"
+BAD_IMAGE = "bad image part"
+IMAGE_KEYS = ("images", "image")  # a row's image files (JSONL) or an HF dataset's image column
 
 # Bytes that are not UTF-8 decode (surrogateescape) to lone surrogates U+DC80..U+DCFF.
 _UNDECODABLE = re.compile("[\udc80-\udcff]")
@@ -75,6 +77,12 @@ class Row:
     messages: Optional[list[dict]] = None  # [{"role": "system"|"user"|"assistant", "content": str}]
     text: Optional[str] = None
     form: str = "text"  # the detected form: sharegpt, openai, alpaca, qa, prompts or text
+    data_file: Optional[str] = None  # the file the row came from: relative image paths are read beside it
+
+    @property
+    def images(self) -> list:
+        """Image references in order (paths, image objects or {"bytes"}); [] for a text row."""
+        return row_images(self.messages)
 
 
 @dataclass
@@ -220,6 +228,56 @@ def _content(value: Any, where: str) -> str:
     return value
 
 
+def _image_ref(part: dict, where: str) -> Any:
+    """An image content part {"type": "image", "path": FILE} (or "image": FILE, an image object, {"bytes"})."""
+    ref = part.get("path", part.get("image"))
+    if ref is None or (isinstance(ref, str) and not ref.strip()):
+        raise RowError(BAD_IMAGE, f"{where}: an image part needs \"path\" (a file relative to the data file)")
+    return ref
+
+
+def _parts(value: Any, where: str) -> Optional[list[dict]]:
+    """Content parts in order when they hold an image ({"type": "image"} -> {"type": "image", "ref": ...},
+    text parts kept); None for content without images."""
+    if not isinstance(value, list) or not any(isinstance(p, dict) and p.get("type") == "image" for p in value):
+        return None
+    parts = []
+    for p in value:
+        if isinstance(p, dict) and p.get("type") == "image":
+            parts.append({"type": "image", "ref": _image_ref(p, where)})
+        elif isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str):
+            parts.append({"type": "text", "text": p["text"]})
+    return parts
+
+
+def _message(role: str, value: Any, where: str) -> dict:
+    parts = _parts(value, where)
+    if parts is None:
+        return {"role": role, "content": _content(value, where)}
+    text = "".join(p["text"] for p in parts if p["type"] == "text")  # may be empty: an image-only turn
+    return {"role": role, "content": text, "parts": parts}
+
+
+def _attach_images(messages: list[dict], refs: Any) -> None:
+    """A row's top-level "images" (a list of files, or one) go before the text of its first user turn."""
+    refs = refs if isinstance(refs, list) else [refs]
+    if not refs:
+        return
+    for i, ref in enumerate(refs):
+        if ref is None or (isinstance(ref, str) and not ref.strip()):
+            raise RowError(BAD_IMAGE, f"images[{i}] is empty")
+    first = next((m for m in messages if m["role"] == "user"), None)
+    if first is None:
+        raise RowError(BAD_IMAGE, "the row has images but no user turn to put them in")
+    parts = first.get("parts") or [{"type": "text", "text": first["content"]}]
+    first["parts"] = [{"type": "image", "ref": r} for r in refs] + parts
+
+
+def row_images(messages: Optional[list[dict]]) -> list:
+    """The image references of a conversation, in order (none for a text row)."""
+    return [p["ref"] for m in messages or [] for p in m.get("parts") or [] if p["type"] == "image"]
+
+
 def _turns(turns: Any, role_key: str, content_key: str, label: str) -> list[dict]:
     if not isinstance(turns, list) or not turns:
         raise RowError(EMPTY_TURN, f"'{label}' is not a non-empty list")
@@ -233,7 +291,7 @@ def _turns(turns: Any, role_key: str, content_key: str, label: str) -> list[dict
             raise RowError(MISSING_ROLE, f"{where} has no {role_key!r}")
         if str(role).lower() not in ROLE_ALIASES:
             raise RowError(UNKNOWN_ROLE, f"{where} has {role_key}={role!r} (known: {', '.join(ROLE_ALIASES)})")
-        messages.append({"role": ROLE_ALIASES[str(role).lower()], "content": _content(turn.get(content_key), where)})
+        messages.append(_message(ROLE_ALIASES[str(role).lower()], turn.get(content_key), where))
     return messages
 
 
@@ -336,9 +394,14 @@ def parse(raw: RawRow, fmt: str = "auto") -> Row:
     }
     try:
         messages = builders[form](obj)
+        key = next((k for k in IMAGE_KEYS if obj.get(k) is not None), None)
+        if key is not None:
+            _attach_images(messages, obj[key])
     except (TypeError, AttributeError, KeyError, ValueError, RecursionError) as exc:  # a value of an unexpected type
         raise RowError(BAD_VALUE, f"{type(exc).__name__}: {exc}") from None
-    return _finish(raw, messages, row_id, form, prompts_only=fmt == "prompts")
+    row = _finish(raw, messages, row_id, form, prompts_only=fmt == "prompts")
+    row.data_file = raw.file
+    return row
 
 
 def iter_rows(paths: list[str], fmt: str = "auto") -> Iterator[tuple[RawRow, Optional[Row], Optional[RowError]]]:

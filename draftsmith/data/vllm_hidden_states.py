@@ -210,6 +210,14 @@ def _check_sidecar(folder: Path, target, ids: list[int]) -> None:
                         "capture again with that eagle_aux_hidden_state_layer_ids")
 
 
+def _row_media(item: dict, device) -> dict:
+    """An image row's processor tensors as a batch of one (data/images.py); {} for a text row."""
+    from draftsmith.data import features as feats_mod
+    from draftsmith.data.dataset import collate
+
+    return {k: v.to(device) for k, v in feats_mod.media_of(collate([item], 0)).items()}
+
+
 def _spot_check(target, rows: VllmRows, ids: list[int]) -> None:
     """Recompute the first matched row with the target and compare it with the file."""
     from draftsmith.data import features as feats_mod
@@ -217,7 +225,9 @@ def _spot_check(target, rows: VllmRows, ids: list[int]) -> None:
     row, path = rows.matches[0]
     item = rows[0]
     input_ids = item["input_ids"][None].to(target.device)
-    ref = feats_mod.compute(target, input_ids, torch.ones_like(input_ids), set(rows.features), ids[:rows.n_aux])
+    media = _row_media(rows.dataset[row], target.device)  # an image row: recomputed from its pixels
+    ref = feats_mod.compute(target, input_ids, torch.ones_like(input_ids), set(rows.features), ids[:rows.n_aux],
+                            media=media)
     for name in rows.features:
         want, got = ref[name][0].float().cpu(), item[name].float()
         err = float((want - got).abs().max()) / max(float(want.abs().max()), 1e-6)
@@ -308,7 +318,8 @@ def write_folder(target, dataset, folder: str, aux_layers: list[int], required, 
     try:
         for row in range(rank, len(dataset), world):
             path = root / f"hs_{row}.safetensors"
-            ids_row = dataset[row]["input_ids"].long()
+            item = dataset[row]
+            ids_row = item["input_ids"].long()
             if path.exists():
                 try:
                     old = read_file(path)
@@ -317,7 +328,7 @@ def write_folder(target, dataset, folder: str, aux_layers: list[int], required, 
                 except UserError:
                     pass  # damaged: written again
             x = ids_row[None].to(target.device)
-            out = target.forward(x, attention_mask=torch.ones_like(x))
+            out = target.forward(x, attention_mask=torch.ones_like(x), **_row_media(item, target.device))
             layers = [kept["x"][0] if i == target.num_layers else out.hidden_states[i][0] for i in ids]
             hidden = torch.stack(layers, dim=1).to("cpu", WRITE_DTYPES[dtype]).contiguous()  # [s, L, h]
             tmp = root / f"hs_{row}.safetensors.tmp-{os.getpid()}"

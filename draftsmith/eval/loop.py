@@ -37,6 +37,7 @@ from draftsmith.core.sampling import SamplingParams, logits_to_probs, sample, ve
 from draftsmith.eval import batch as batch_mod
 from draftsmith.eval import tree as tree_mod
 from draftsmith.targets import state_cache
+from draftsmith.targets.archs import text_config
 from draftsmith.targets.load import Target, TargetOutput
 
 
@@ -190,7 +191,7 @@ class SpeculativeState:
         vision-language target's image inputs for the prompt (pixel_values, token_type_ids from its
         processor); the vision tower runs in this forward only, decoding continues on the cache."""
         prompt_ids = prompt_ids.to(self.device).long().reshape(-1)
-        limit = getattr(self.target.config, "max_position_embeddings", None)
+        limit = getattr(text_config(self.target.config), "max_position_embeddings", None)  # a VLM: its language model's
         n = prompt_ids.shape[0]
         if limit is not None and n + self.cfg.max_new_tokens > limit:
             raise UserError(f"prompt ({n} tokens) + max_new_tokens ({self.cfg.max_new_tokens}) exceeds the target's "
@@ -259,6 +260,7 @@ class SpeculativeState:
         tree = tree_mod.Tree(tree.tokens.to(dev), tree.parents.to(dev), tree.depths.to(dev))
         t1 = clock(dev)
         mask, positions = tree_mod.verify_inputs(tree, n_past, self.target.dtype)  # [1, 1, N+1, n_past+N+1], [1, N+1]
+        positions = positions + self.target.position_offset()  # after an image prompt: Qwen-VL's M-RoPE shift
         inputs = torch.cat([self.context[-1:], tree.tokens])[None]  # [1, N + 1]
         out = self.target.forward(inputs, attention_mask=mask, cache=self.cache, position_ids=positions)  # 2.
         t2 = clock(dev)

@@ -31,7 +31,7 @@ from typing import Optional
 
 import torch
 
-from draftsmith.targets.load import TargetOutput
+from draftsmith.targets.load import TargetOutput, forget_position_offset, position_offset
 
 NEAR_TIE_STEPS = 2.0  # --near-tie-steps: the margin, in dtype steps, below which a divergence is numerics
 
@@ -113,9 +113,13 @@ class UpcastVerifier:
     def device(self) -> torch.device:
         return self.inner.device
 
+    def position_offset(self):
+        return position_offset(self.model)  # this copy's (a Qwen-VL image prompt's M-RoPE shift), not the loaded one's
+
     @torch.no_grad()
-    def forward(self, input_ids, attention_mask=None, cache=None, position_ids=None) -> TargetOutput:
+    def forward(self, input_ids, attention_mask=None, cache=None, position_ids=None, **media) -> TargetOutput:
+        forget_position_offset(self.model, cache)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                         use_cache=cache is not None, output_hidden_states=True)
+                         use_cache=cache is not None, output_hidden_states=True, **media)
         hidden = tuple(h.to(self.inner.dtype) for h in out.hidden_states)  # [b, s, h] in the loaded dtype
         return TargetOutput(logits=out.logits, hidden_states=hidden)

@@ -47,11 +47,21 @@ def first_difference(a: list[int], b: list[int]) -> Optional[int]:
 
 
 def _run(target, proposer, ids: torch.Tensor, k: int, s: EvalSettings, sampling: SamplingParams,
-         seed: int, record_top2: bool = False) -> Generation:
+         seed: int, record_top2: bool = False, media: dict | None = None) -> Generation:
     gen = torch.Generator(device=target.device).manual_seed(seed)
     cfg = LoopConfig(k=k, max_new_tokens=s.max_new_tokens, sampling=sampling, eos_ids=s.eos_ids,
                      tree=s.tree if k else None, record_top2=record_top2)
-    return generate(target, proposer if k else None, ids, cfg, gen)
+    return generate(target, proposer if k else None, ids, cfg, gen, media=media)
+
+
+def encode_item(item: dict, target, s: EvalSettings, max_prompt: int | None) -> tuple[torch.Tensor, bool, dict | None]:
+    """A workload item -> (prompt ids, truncated, media): an item with images through the target's processor
+    (eval/image_workloads.py), any other through workloads.encode (media None)."""
+    if item.get("images"):
+        from draftsmith.eval import image_workloads
+
+        return image_workloads.encode(item, target, max_prompt)
+    return (*workloads.encode(item, target.tokenizer, s.prompt_format, max_prompt), None)
 
 
 def median_run(runs: list[Generation]) -> Generation:
@@ -60,32 +70,33 @@ def median_run(runs: list[Generation]) -> Generation:
 
 
 def _timed_pair(target, proposer, ids: torch.Tensor, s: EvalSettings, seed: int,
-                base_first: bool) -> tuple[Generation, Generation]:
+                base_first: bool, media: dict | None = None) -> tuple[Generation, Generation]:
     """(speculative, target-only): the median-latency run of s.repeats interleaved runs per mode."""
     specs, bases = [], []
     for _ in range(s.repeats):
         if base_first:
-            bases.append(_run(target, proposer, ids, 0, s, s.sampling, seed))
-        specs.append(_run(target, proposer, ids, s.k, s, s.sampling, seed))
+            bases.append(_run(target, proposer, ids, 0, s, s.sampling, seed, media=media))
+        specs.append(_run(target, proposer, ids, s.k, s, s.sampling, seed, media=media))
         if not base_first:
-            bases.append(_run(target, proposer, ids, 0, s, s.sampling, seed))
+            bases.append(_run(target, proposer, ids, 0, s, s.sampling, seed, media=media))
     return median_run(specs), median_run(bases)
 
 
 def _lossless(target, proposer, item_id: str, ids, spec: Generation, base: Generation, s: EvalSettings,
-              seed: int) -> Optional[dict]:
+              seed: int, media: dict | None = None) -> Optional[dict]:
     """None if greedy speculative output equals greedy target-only output, else the difference: its first
     position, tokens, the target's top-2 margins there in both passes and its kind ("near_tie": within
     one step of the logits' dtype in both passes; "mismatch": a real failure), eval/numerics.py."""
     greedy = SamplingParams()
     if not s.sampling.greedy:  # the check is greedy: run both again with temperature 0
-        spec, base = _run(target, proposer, ids, s.k, s, greedy, seed), _run(target, None, ids, 0, s, greedy, seed)
+        spec = _run(target, proposer, ids, s.k, s, greedy, seed, media=media)
+        base = _run(target, None, ids, 0, s, greedy, seed, media=media)
     pos = first_difference(spec.tokens, base.tokens)
     if pos is None:
         return None
     # the same two greedy runs again (greedy decoding is deterministic), keeping the top-2 logits per token
-    spec = _run(target, proposer, ids, s.k, s, greedy, seed, record_top2=True)
-    base = _run(target, None, ids, 0, s, greedy, seed, record_top2=True)
+    spec = _run(target, proposer, ids, s.k, s, greedy, seed, record_top2=True, media=media)
+    base = _run(target, None, ids, 0, s, greedy, seed, record_top2=True, media=media)
     pos = first_difference(spec.tokens, base.tokens)
     if pos is None:  # not reproduced: a nondeterministic kernel, never a near-tie
         return {"id": item_id, "position": None, "spec_token": None, "target_token": None, "kind": "mismatch",
@@ -100,23 +111,25 @@ def run_workload(target, proposer, name: str, s: EvalSettings, log: Callable[[st
     items = workloads.load(name, s.data_dir, s.num_prompts)
     if not items:
         raise UserError(f"workload {name!r} has no prompts")
-    limit = getattr(target.config, "max_position_embeddings", None)
+    from draftsmith.targets.archs import text_config
+
+    limit = getattr(text_config(target.config), "max_position_embeddings", None)  # a VLM: its language model's
     max_prompt = None if limit is None else limit - s.max_new_tokens
     if max_prompt is not None and max_prompt < 1:
         raise UserError(f"--max-new-tokens {s.max_new_tokens} leaves no room for a prompt in {limit} positions")
-    encoded = [(item, *workloads.encode(item, target.tokenizer, s.prompt_format, max_prompt)) for item in items]
-    for _item, ids, _ in encoded[: s.warmup]:
-        _run(target, proposer, ids, 0, s, s.sampling, s.seed)
-        _run(target, proposer, ids, s.k, s, s.sampling, s.seed)
+    encoded = [(item, *encode_item(item, target, s, max_prompt)) for item in items]
+    for _item, ids, _, media in encoded[: s.warmup]:
+        _run(target, proposer, ids, 0, s, s.sampling, s.seed, media=media)
+        _run(target, proposer, ids, s.k, s, s.sampling, s.seed, media=media)
     requests, mismatches, near_ties = [], [], []
-    for i, (item, ids, truncated) in enumerate(encoded):
+    for i, (item, ids, truncated, media) in enumerate(encoded):
         seed = s.seed + i
-        spec, base = _timed_pair(target, proposer, ids, s, seed, base_first=i % 2 == 0)
+        spec, base = _timed_pair(target, proposer, ids, s, seed, base_first=i % 2 == 0, media=media)
         req = {"id": item["id"], **metrics.request_metrics(spec, base, s.k), "prompt_truncated": truncated,
                "_rounds": bins.round_records(spec)}
         req["lossless"], req["lossless_near_tie"] = None, None
         if s.check_lossless:
-            diff = _lossless(target, proposer, item["id"], ids, spec, base, s, seed)
+            diff = _lossless(target, proposer, item["id"], ids, spec, base, s, seed, media)
             near = diff is not None and diff["kind"] == "near_tie"
             req["lossless"], req["lossless_near_tie"] = diff is None or near, near  # a near-tie is not a failure
             if near:
@@ -160,6 +173,9 @@ def run_batched(target, proposer, name: str, s: EvalSettings, batch_sizes: list[
     batch (order alternating), after one warm-up batch of each. Greedy outputs are compared per row
     with batch-1 target-only output when s.check_lossless."""
     items = workloads.load(name, s.data_dir, s.num_prompts)
+    if any(item.get("images") for item in items):
+        raise UserError(f"workload {name}: batched decoding (--batch-size, --concurrency-sweep) runs text prompts only; "
+                        "evaluate image prompts one request at a time (drop --batch-size)")
     limit = getattr(target.config, "max_position_embeddings", None)
     max_prompt = None if limit is None else limit - s.max_new_tokens
     encoded = [workloads.encode(item, target.tokenizer, s.prompt_format, max_prompt)[0] for item in items]

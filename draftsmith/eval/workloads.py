@@ -16,6 +16,9 @@ the loop evaluates single requests, and a second turn would need the model's own
                           prompts fill the target's positions (encode keeps the LAST tokens that fit);
                           category prefix-<chars> (acceptance by context)  <data>/pretrain_text/wiki_demo.txt
     jsonl:PATH            one JSON object a line with "prompt" (or "messages", or "turns"), optional "id"
+    images                questions about 8 small images made in code (a vision-language target;
+                          eval/image_workloads.py)
+    images:DIR            one question per image file in DIR (a vision-language target)
 
 The data directory defaults to ../shared/data next to the repository (DRAFTSMITH_DATA overrides;
 `draftsmith eval --data-dir` overrides both).
@@ -135,6 +138,13 @@ def _long_context(data_dir: Path) -> list[dict]:
             items.append({"id": f"long_context-{q['id']}-{chars}", "prompt": prefix + q["prompt"],
                           "category": f"prefix-{chars}"})
     return items
+@WORKLOADS.register("images")
+def _images(data_dir: Path) -> list[dict]:
+    from draftsmith.eval import image_workloads
+
+    return image_workloads.generated()
+
+
 def _need_user_file(path: Path) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"jsonl:{path}: no such file; give the path of a JSONL prompt file "
@@ -168,12 +178,16 @@ def expand(names: list[str]) -> list[str]:
     out: list[str] = []
     known = sorted(set(WORKLOADS.names()) | set(GROUPS))
     for name in names:
-        if name not in known and not name.startswith("jsonl:"):
+        if name not in known and not name.startswith(("jsonl:", "images:")):
             hint = difflib.get_close_matches(name, known, n=1)
             tip = f" (did you mean {hint[0]!r}?)" if hint else ""
-            raise UnknownNameError(f"unknown workload {name!r}{tip}; known: {', '.join(known)}, jsonl:PATH")
+            raise UnknownNameError(f"unknown workload {name!r}{tip}; known: {', '.join(known)}, jsonl:PATH, images:DIR")
         if name.startswith("jsonl:"):
             _need_user_file(Path(name.split(":", 1)[1]))  # fail before the target loads
+        if name.startswith("images:"):
+            from draftsmith.eval import image_workloads
+
+            image_workloads.check_folder(Path(name.split(":", 1)[1]))
         for concrete in GROUPS.get(name, [name]):
             if concrete not in out:
                 out.append(concrete)
@@ -198,6 +212,10 @@ def load(name: str, data_dir: Path | str | None = None, num_prompts: int | None 
     """The prompts of one concrete workload (see `expand` for groups)."""
     if name.startswith("jsonl:"):
         return select(_user_jsonl(Path(name.split(":", 1)[1])), num_prompts)
+    if name.startswith("images:"):
+        from draftsmith.eval import image_workloads
+
+        return image_workloads.from_folder(Path(name.split(":", 1)[1]), num_prompts)
     data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
     if name == "pycode":
         return _pycode(data_dir, n=num_prompts or 20)

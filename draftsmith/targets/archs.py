@@ -179,8 +179,15 @@ def traits(config, model=None) -> Traits:
 def logits_transform(config) -> tuple[float | None, float | None, float | None]:
     """(final soft-cap, multiply-by, divide-by) the target applies after its lm_head."""
     c = text_config(config)
-    return (getattr(c, "final_logit_softcapping", None), getattr(c, "logit_scale", None),
-            getattr(c, "logits_scaling", None))
+    cap = getattr(c, "final_logit_softcapping", None)
+    if getattr(config, "vision_config", None) is not None and config.model_type in VLM_FORWARD_WITHOUT_SOFTCAP:
+        cap = None
+    return cap, getattr(c, "logit_scale", None), getattr(c, "logits_scaling", None)
+
+
+# Image-text-to-text classes whose forward applies no final soft-capping, whatever their text config says
+# (transformers 5.25: Gemma3ForConditionalGeneration.forward returns lm_head(h); Gemma3ForCausalLM caps).
+VLM_FORWARD_WITHOUT_SOFTCAP = ("gemma3",)
 
 
 def config_refusals(config) -> list[str]:
@@ -190,10 +197,14 @@ def config_refusals(config) -> list[str]:
     c = text_config(config)
     if getattr(c, "num_hidden_layers", 0) < 1 or not getattr(c, "hidden_size", None):
         return [f"{c.model_type}: the config has no decoder layers / hidden size draftsmith can read"]
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
     remote = "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
-    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote:
-        return [f"{config.model_type}: transformers has no AutoModelForCausalLM class for it (it loads as an "
-                "image-text-to-text model), and draftsmith loads targets as causal LMs; not supported yet"]
+    vision = getattr(config, "vision_config", None) is not None and \
+        config.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES  # loaded whole: targets/load.py
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not remote and not vision:
+        return [f"{config.model_type}: transformers has no AutoModelForCausalLM or image-text-to-text class for it; "
+                "draftsmith loads targets through one of them"]
     return []
 
 

@@ -153,11 +153,13 @@ def resolve_device(device: str) -> torch.device:
 
 
 class Target:
-    """A frozen causal LM with its tokenizer, stop ids and a fingerprint."""
+    """A frozen causal LM with its tokenizer, stop ids and a fingerprint; a vision-language target also
+    carries its processor (image processor + tokenizer + chat template: data/images.py)."""
 
     def __init__(self, model: nn.Module, tokenizer, name: str, path: str | None = None,
-                 gguf_file: str | None = None):
+                 gguf_file: str | None = None, processor=None):
         self.model = model.eval()
+        self.processor = processor  # None for a text target
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.tokenizer = tokenizer
@@ -234,9 +236,12 @@ class Target:
     @property
     def eos_ids(self) -> list[int]:
         """All stop ids: generation_config's eos list (stories260K: [2, 1]) plus the tokenizer's."""
+        from draftsmith.targets.archs import text_config
+
         ids: list[int] = []
         gen = getattr(self.model, "generation_config", None)
-        for source in (getattr(gen, "eos_token_id", None), self.config.eos_token_id, self.tokenizer.eos_token_id):
+        config_eos = getattr(text_config(self.config), "eos_token_id", None)  # a vision-language target: its text config's
+        for source in (getattr(gen, "eos_token_id", None), config_eos, self.tokenizer.eos_token_id):
             if source is None:
                 continue
             for i in source if isinstance(source, (list, tuple)) else [source]:
@@ -310,10 +315,20 @@ class Target:
             **({"format": "gguf", "gguf_file": self.gguf_file} if self.gguf_file else {}),
         }
 
+    def position_offset(self):
+        """What a text position after the prompt's images is shifted by: Qwen-VL's M-RoPE rope_deltas ([b, 1],
+        kept by the model from the prefill), 0 for any other target. A forward given its own position_ids
+        (tree verification) adds it, as the model's own decode steps do."""
+        return position_offset(self.model)
+
     # ---- forward
     @torch.no_grad()
     def forward(self, input_ids, attention_mask=None, cache=None, position_ids=None, **media) -> TargetOutput:
-        """media: a vision-language target's processor outputs beside the ids (pixel_values, token_type_ids)."""
+        """media: a vision-language target's processor outputs beside the ids (pixel_values, image_grid_thw,
+        token_type_ids / mm_token_type_ids). A forward that starts a sequence (no cache, or an empty one) drops
+        the M-RoPE offsets a Qwen-VL model kept from the previous request (its rope_deltas), so they are
+        computed from this prompt's images; decode steps on the cache reuse them (the language model alone)."""
+        forget_position_offset(self.model, cache)
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -324,6 +339,19 @@ class Target:
             **media,
         )
         return TargetOutput(logits=out.logits, hidden_states=out.hidden_states)
+
+
+def position_offset(model):
+    """A model's M-RoPE offset after an image prompt (Qwen-VL's rope_deltas), else 0 (Target.position_offset)."""
+    deltas = getattr(getattr(model, "model", None), "rope_deltas", None)
+    return 0 if deltas is None else deltas
+
+
+def forget_position_offset(model, cache) -> None:
+    """A forward that starts a sequence (no cache, or an empty one) drops the offset the previous request left."""
+    inner = getattr(model, "model", None)
+    if getattr(inner, "rope_deltas", None) is not None and (cache is None or cache.get_seq_length() == 0):
+        inner.rope_deltas = None
 
 
 def load(path: str, dtype: str = "float32", device: str = "auto", revision: str | None = None,
@@ -348,6 +376,11 @@ def load(path: str, dtype: str = "float32", device: str = "auto", revision: str 
     try:
         if gguf_name:
             model = _load_gguf_model(local, gguf_name, DTYPES[dtype])
+        elif is_vision_language(local, revision, trust_remote_code):  # the full model: vision tower + language model
+            from transformers import AutoModelForImageTextToText
+
+            model = AutoModelForImageTextToText.from_pretrained(local, dtype=DTYPES[dtype], revision=revision,
+                                                                trust_remote_code=trust_remote_code)
         else:
             model = AutoModelForCausalLM.from_pretrained(local, dtype=DTYPES[dtype], revision=revision,
                                                          trust_remote_code=trust_remote_code)
@@ -371,7 +404,40 @@ def load(path: str, dtype: str = "float32", device: str = "auto", revision: str 
         gguf_path = str((Path(local).expanduser() / gguf_name).resolve())
         _settle_gguf_model(model, gguf_path)
     model.to(resolve_device(device))
-    return Target(model, tokenizer, name=display_name(path, gguf_name), path=path, gguf_file=gguf_path)
+    processor = load_processor(path, local, revision, trust_remote_code) if hasattr(model.config, "vision_config") else None
+    return Target(model, tokenizer, name=display_name(path, gguf_name), path=path, gguf_file=gguf_path,
+                  processor=processor)
+
+
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+
+
+def is_vision_language(local: str, revision: str | None, trust_remote_code: bool) -> bool:
+    """A vision-language config (a vision_config beside its text_config): loaded as image-text-to-text."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return False  # the model load below reports what is wrong
+    return getattr(config, "vision_config", None) is not None
+
+
+def load_processor(path: str, local: str, revision: str | None, trust_remote_code: bool):
+    """A vision-language target's processor (image processor, tokenizer, chat template); None when a local model
+    directory has no processor files (the target then reads text rows only)."""
+    from transformers import AutoProcessor
+
+    folder = Path(local).expanduser()
+    if folder.is_dir() and not any((folder / f).is_file() for f in PROCESSOR_FILES):
+        return None
+    try:
+        return AutoProcessor.from_pretrained(local, revision=revision, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError, ImportError, AttributeError) as exc:
+        detail = " ".join(str(exc).split())[:200]
+        raise UserError(f"target {path}: its processor (images + chat template) does not load ({detail}); restore its "
+                        "processor files (preprocessor_config.json, processor_config.json) or install what it "
+                        "names (e.g. torchvision for a video processor)") from exc
 
 
 def _load_gguf_model(local: str, gguf_name: str, dtype) -> nn.Module:

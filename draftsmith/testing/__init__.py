@@ -52,14 +52,17 @@ def tiny_target(num_layers: int = 4, hidden: int = 32, vocab: int = 259, seed: i
 def arch_target(name: str, seed: int = 0) -> Target:
     """A seeded random-weight target of architecture `name` (archs.TINY: the architecture matrix's
     tiny configurations) with the byte tokenizer."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     from draftsmith.targets.archs import TINY
 
     if name not in TINY:
         raise KeyError(f"unknown tiny architecture {name!r}; known: {list(TINY)}")
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(TINY[name][1](), dtype=torch.float32).eval()
+    config = TINY[name][1]()
+    vision = getattr(config, "vision_config", None) is not None  # the full model, as targets.load builds it
+    model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_config(config, dtype=torch.float32)
+    model.eval()
     return Target(model, byte_tokenizer(TINY_CHAT_TEMPLATE), name=f"tiny-{name}-seed{seed}")
 
 

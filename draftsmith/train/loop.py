@@ -115,7 +115,8 @@ def load_data(cfg, target, drafter_cls, options, ctx=None, api_key_env: str | No
     if cfg.features.mode == "offline" and cfg.features.source == "vllm":  # vLLM's hidden-states files
         from draftsmith.data import vllm_hidden_states
 
-        train, heldout, report = data.build_dataset(data.training_data_config(cfg), target.tokenizer)
+        train, heldout, report = data.build_dataset(data.training_data_config(cfg), target.tokenizer,
+                                                    getattr(target, "processor", None))
         log = print if ctx is None or ctx.is_main else (lambda *_: None)
         layers = drafter_cls.feature_layers_for(options, target)
         train_set, heldout = vllm_hidden_states.open_rows(cfg.features.dir, target, layers, drafter_cls.required_features,
@@ -143,7 +144,11 @@ def load_data(cfg, target, drafter_cls, options, ctx=None, api_key_env: str | No
             regenerate_for_recipe(cfg, target, limit=cfg.regenerate.limit, api_key_env=api_key_env)
         if ctx is not None:
             ctx.barrier()
-    train_set, heldout, report = data.build_dataset(data.training_data_config(cfg), target.tokenizer)
+    train_set, heldout, report = data.build_dataset(data.training_data_config(cfg), target.tokenizer,
+                                                    getattr(target, "processor", None))
+    if train_set.media is not None and cfg.data.pack_length:
+        raise UserError("data.pack_length packs several rows into one, and this data has rows with images (a row's "
+                        "images go with its own sequence): unset data.pack_length")
     if ctx is None or ctx.is_main:
         print(report.summary(), flush=True)
     if len(train_set) == 0:
@@ -475,7 +480,9 @@ class TrainingDivergedError(UserError):
 
 def check_positions(cfg, options, target) -> None:
     """Rows and drafting blocks must fit the target's positions (a longer row runs past its rope table)."""
-    limit = getattr(target.config, "max_position_embeddings", None)
+    from draftsmith.targets.archs import text_config
+
+    limit = getattr(text_config(target.config), "max_position_embeddings", None)  # a VLM: its language model's
     if not isinstance(limit, int):
         return
     for key, value in (("data.max_length", cfg.data.max_length), ("data.pack_length", cfg.data.pack_length),

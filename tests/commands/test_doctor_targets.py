@@ -29,7 +29,7 @@ def _arch_export(arch: str, kind: str, fmt: str, out: Path, version: str | None)
     recipe = config_mod.from_dict({"target": {"path": f"{arch} (built in code)"},
                                    "drafter": {"kind": kind, **cls.tiny_options}})
     torch.manual_seed(0)
-    drafter = cls.from_target(config_mod.drafter_options(recipe), target).eval()
+    drafter = cls.from_target(recipe.drafter.options, target).eval()
     loaded = LoadedDrafter(drafter=drafter, target=target, config=recipe,
                            meta={"kind": kind, "step": 1, "target": target.identity()})
     return export(None, fmt, out, ExportOptions(engine_version=version), validate=False, loaded=loaded).out_dir

@@ -55,12 +55,12 @@ def test_inspect_exits_1_with_reasons(tmp_path, capsys):
     testing.arch_target("llama3").tokenizer.save_pretrained(target_dir)
     assert cli_main(["inspect", str(target_dir)]) == 0  # usable, with sglang/trtllm refused and named
     assert "refused: sglang (sglang: aux layer ids name layer outputs" in capsys.readouterr().out
-    vlm = tmp_path / "vlm"
-    vlm.mkdir()
-    (vlm / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl", "architectures": ["Qwen2_5_VLForConditionalGeneration"]}))
-    assert cli_main(["inspect", str(vlm)]) == 1
+    t5 = tmp_path / "encoder-decoder"
+    t5.mkdir()
+    (t5 / "config.json").write_text(json.dumps({"model_type": "t5"}))
+    assert cli_main(["inspect", str(t5)]) == 1
     err = capsys.readouterr().err
-    assert "no causal-LM class for model_type 'qwen2_5_vl'" in err
+    assert "no causal-LM or image-text-to-text class for model_type 't5'" in err
 
 
 def test_train_refuses_an_unsupported_target_before_reading_data(tmp_path):

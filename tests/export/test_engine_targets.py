@@ -83,7 +83,7 @@ def test_can_export_answers_one_line_or_nothing(name, fmt):
         if (fmt, kind) in REFUSED[name]:
             assert reasons, (name, fmt, kind)
             assert any(SOURCES[fmt] in r or "AutoModelForCausalLM" in r for r in reasons), reasons
-        elif name not in ("qwen2.5-vl", "qwen3-vl", "qwen3-vl-moe"):  # no causal-LM class in transformers (heads)
+        else:
             assert reasons == [], (name, fmt, kind, reasons)
 
 

@@ -33,7 +33,7 @@ def _loaded(arch: str) -> LoadedDrafter:
     recipe = config_mod.from_dict({"target": {"path": f"{arch} (built in code)"},
                                    "drafter": {"kind": "draft_lm", **options}})
     torch.manual_seed(0)
-    drafter = DRAFTERS.get("draft_lm").from_target(config_mod.drafter_options(recipe), target).eval()
+    drafter = DRAFTERS.get("draft_lm").from_target(recipe.drafter.options, target).eval()
     return LoadedDrafter(drafter=drafter, target=target, config=recipe,
                          meta={"kind": "draft_lm", "step": 1, "target": target.identity()})
 
