@@ -279,19 +279,45 @@ def train_speculators(trainer, model, settings: dict, eval_every: int, log=print
                 point = {"step": step, "tokens_seen": tokens_seen, **trainer.evaluate()}
             finally:
                 trainer.drafter = measured
+            point["speculators_own_acc_0"] = own_acc_0(trainer, model, settings, loss_config)
             eval_s += time.perf_counter() - t0
             curve.append(point)
             log(f"[speculators] step {step} tokens {tokens_seen:,.0f} "
-                + " ".join(f"{k[5:]} {point[k]:.4f}" for k in ACC if k in point))
+                + " ".join(f"{k[5:]} {point[k]:.4f}" for k in ACC if k in point)
+                + f" (its own full_acc_0 {point['speculators_own_acc_0']:.4f})")
     return {"curve": curve, "train_s": train_s, "eval_s": eval_s, "batch_hashes": stream.hashes,
             "trainable_params": sum(p.numel() for p in params)}
 
 
+@torch.no_grad()
+def own_acc_0(trainer, model, settings: dict, loss_config) -> float:
+    """Cross-check: speculators' own step-0 accuracy (its full_acc_0) on the same held-out rows and batches,
+    by its own rule: argmax over the draft vocabulary against the labels' draft-vocabulary argmax, under its
+    shifted loss mask (shift_batch keeps loss_mask[j + 1] for the label at j + 1, draftsmith masks by the
+    predicted token, loss_mask[j + 2]). Equal to eval_acc_0 up to those two differences."""
+    from draftsmith.data import collate
+    from draftsmith.train.loop import move
+
+    model.eval()
+    hits = total = 0.0
+    size, pad_id = trainer.cfg.train.batch_size, trainer.target.tokenizer.pad_token_id or 0
+    for start in range(0, len(trainer.heldout), size):
+        items = [trainer.heldout[i] for i in range(start, min(len(trainer.heldout), start + size))]
+        batch = features.complete(trainer.target, move(collate(items, pad_id), trainer.ctx.device), trainer.required,
+                                  trainer.layers)
+        _, _, metrics = model(**packed_rows(batch, trainer.drafter.draft_ids(), with_labels=True), ttt_steps=1,
+                              ttt_step_loss_decay=settings["ttt_step_loss_decay"], loss_config=loss_config)
+        hits, total = hits + float(metrics["full_acc_0_sum"]), total + float(metrics["full_acc_0_total"])
+    model.train()
+    return hits / max(total, 1.0)
+
+
 # --------------------------------------------------------------------------- draftsmith's own run
-def run_draftsmith(cfg, log=print) -> dict:
+def run_draftsmith(cfg, target=None, log=print) -> dict:
+    """`draftsmith train` on the recipe (the same Trainer), its curve read back from its metrics.jsonl."""
     from draftsmith.train.loop import Trainer
 
-    trainer = Trainer(cfg, overwrite=True)  # the bench owns its workdir
+    trainer = Trainer(cfg, target=target, overwrite=True)  # the bench owns its workdir; the target already loaded
     trainer.stream = HashedStream(trainer.stream)
     t0 = time.perf_counter()
     trainer.run()
@@ -418,7 +444,7 @@ def run(args, work: Path, peers: list[str]) -> int:
     if "draftsmith" in peers:
         ds_cfg = recipe_config(args.recipe, args.overrides, work / "draftsmith", trainer.total_steps, cfg.train.seed,
                                eval_every)
-        report["draftsmith"] = run_draftsmith(ds_cfg)
+        report["draftsmith"] = run_draftsmith(ds_cfg, trainer.target)
     elif args.draftsmith_metrics:
         report["draftsmith"] = {"curve": curve_from_metrics(args.draftsmith_metrics), "from": str(args.draftsmith_metrics)}
     if "draftsmith" in report and "speculators" in report:

@@ -109,6 +109,8 @@ def test_smoke_mode_trains_both_on_the_same_batches(tmp_path, monkeypatch):
         assert [r["step"] for r in rows] == [1, 2]
         assert [r["tokens_seen"] for r in rows] == [p["tokens_seen"] for p in sp["curve"]] == [p["tokens_seen"] for p in ds]
         assert all(0.0 <= r[f"speculators_acc_{t}"] <= 1.0 for r in rows for t in range(3))
+        # speculators' own step-0 accuracy on the same held-out rows (its mask, one position earlier) agrees
+        assert all(abs(p["speculators_own_acc_0"] - p["eval_acc_0"]) <= 0.05 for p in sp["curve"])
 
 
 @pytest.mark.shared
