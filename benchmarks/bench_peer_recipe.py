@@ -239,9 +239,10 @@ class SpeculatorsView(Eagle3Drafter):
             yield t, out
 
 
-def train_speculators(trainer, model, settings: dict, eval_every: int, log=print) -> dict:
+def train_speculators(trainer, model, settings: dict, eval_every: int, log=print, on_point=None) -> dict:
     """speculators' model on the trainer's own batches, optimizer and schedule; held-out evaluation every
-    eval_every steps through trainer.evaluate() (the draftsmith measure). -> curve, times, batch hashes."""
+    eval_every steps through trainer.evaluate() (the draftsmith measure). -> curve, times, batch hashes.
+    on_point(curve): called after each evaluation (the bench writes its partial results there)."""
     from speculators.losses import resolve_loss_config
 
     from draftsmith.train.loop import lr_lambda, move
@@ -272,7 +273,7 @@ def train_speculators(trainer, model, settings: dict, eval_every: int, log=print
         sched.step()
         opt.zero_grad(set_to_none=True)
         train_s += time.perf_counter() - t0
-        if step % eval_every == 0 or step == trainer.total_steps:
+        if step % eval_every == 0:  # where Trainer.run evaluates
             t0 = time.perf_counter()
             trainer.drafter = view  # Trainer.evaluate reads self.drafter
             try:
@@ -282,6 +283,8 @@ def train_speculators(trainer, model, settings: dict, eval_every: int, log=print
             point["speculators_own_acc_0"] = own_acc_0(trainer, model, settings, loss_config)
             eval_s += time.perf_counter() - t0
             curve.append(point)
+            if on_point is not None:
+                on_point(curve)
             log(f"[speculators] step {step} tokens {tokens_seen:,.0f} "
                 + " ".join(f"{k[5:]} {point[k]:.4f}" for k in ACC if k in point)
                 + f" (its own full_acc_0 {point['speculators_own_acc_0']:.4f})")
@@ -407,6 +410,16 @@ def main(argv=None) -> int:
         return 2
 
 
+def write(out: Path | None, report: dict) -> None:
+    """The report as JSON (atomically: a partial report is rewritten after every evaluation)."""
+    if out is None:
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=1))
+    tmp.replace(out)
+
+
 def run(args, work: Path, peers: list[str]) -> int:
     from draftsmith.train.loop import Trainer
 
@@ -417,9 +430,11 @@ def run(args, work: Path, peers: list[str]) -> int:
         trainer.release()
         cfg = recipe_config(args.recipe, args.overrides, work / "speculators", steps, args.seed, args.eval_every)
         trainer = Trainer(cfg, overwrite=True)
-    eval_every = cfg.train.eval_every or max(1, trainer.total_steps // 10)
+    # both evaluate where Trainer.run does (step % eval_every == 0): at least once, at the end of a short run
+    eval_every = min(cfg.train.eval_every or max(1, trainer.total_steps // 10), trainer.total_steps)
     cfg.train.eval_every = eval_every
-    report = {"recipe": args.recipe, "overrides": args.overrides, "steps": trainer.total_steps, "seed": cfg.train.seed,
+    report = {"recipe": args.recipe, "overrides": args.overrides, "tokens_requested": args.tokens,
+              "steps": trainer.total_steps, "seed": cfg.train.seed,
               "eval_every": eval_every, "batch_size": cfg.train.batch_size, "grad_accum": cfg.train.grad_accum,
               "precision": cfg.train.precision, "features": {"cache_dir": cfg.features.cache_dir, "dtype": cfg.features.dtype},
               "heldout_rows": len(trainer.heldout), "draft_vocab_size": len(trainer.drafter.d2t),
@@ -430,7 +445,8 @@ def run(args, work: Path, peers: list[str]) -> int:
                                         args.peer_set)
         model = speculators_model(settings, trainer.drafter, cfg.train.seed)
         t0 = time.perf_counter()
-        sp = train_speculators(trainer, model, settings, eval_every)
+        sp = train_speculators(trainer, model, settings, eval_every,
+                               on_point=lambda curve: write(args.out, {**report, "speculators_partial": curve}))
         sp["wall_s"] = time.perf_counter() - t0
         sp["settings"] = {k: settings[k] for k in ("num_layers", "draft_arch", "norm_before_residual", "norm_before_fc",
                                                    "norm_output", "fc_norm", "embed_requires_grad", "loss_fn",
@@ -455,9 +471,7 @@ def run(args, work: Path, peers: list[str]) -> int:
         for row in report["side_by_side"]:
             print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     report["machine_after"] = machine()
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1))
+    write(args.out, report)
     if report.get("same_batches") is False:
         print("bench_peer_recipe: draftsmith and speculators did not train on the same batches", file=sys.stderr)
         return 1
