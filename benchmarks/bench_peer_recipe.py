@@ -350,8 +350,9 @@ def compare(ds_curve: list[dict], sp_curve: list[dict]) -> list[dict]:
         if q is None:
             continue
         if abs(p["tokens_seen"] - q["tokens_seen"]) > 0.5:
-            raise RuntimeError(f"step {p['step']}: draftsmith saw {p['tokens_seen']:.0f} tokens, speculators "
-                               f"{q['tokens_seen']:.0f}: they did not train on the same rows")
+            raise UserError(f"step {p['step']}: draftsmith's curve saw {p['tokens_seen']:.0f} tokens, speculators "
+                            f"{q['tokens_seen']:.0f}: they did not train on the same rows (same recipe, seed and "
+                            "steps needed; with --draftsmith-metrics, a run of exactly this recipe)")
         row = {"step": p["step"], "tokens_seen": p["tokens_seen"]}
         for k in ACC:
             if k in p and k in q:
@@ -462,12 +463,16 @@ def run(args, work: Path, peers: list[str]) -> int:
                                eval_every)
         report["draftsmith"] = run_draftsmith(ds_cfg, trainer.target)
     elif args.draftsmith_metrics:
+        if not args.draftsmith_metrics.is_file():
+            raise UserError(f"--draftsmith-metrics {args.draftsmith_metrics}: no such file (a run's metrics.jsonl)")
         report["draftsmith"] = {"curve": curve_from_metrics(args.draftsmith_metrics), "from": str(args.draftsmith_metrics)}
     if "draftsmith" in report and "speculators" in report:
         ds, sp = report["draftsmith"], report["speculators"]
         if "batch_hashes" in ds:
             report["same_batches"] = ds["batch_hashes"] == sp["batch_hashes"]
         report["side_by_side"] = compare(ds["curve"], sp["curve"])
+        if not report["side_by_side"]:
+            raise UserError("draftsmith's and speculators' curves share no evaluation step: use the same --eval-every")
         for row in report["side_by_side"]:
             print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     report["machine_after"] = machine()

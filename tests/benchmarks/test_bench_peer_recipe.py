@@ -120,3 +120,17 @@ def test_a_recipe_without_an_offline_cache_is_refused_in_one_line(tmp_path, caps
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "features.mode must be offline" in err[0]
+
+
+@pytest.mark.shared
+@pytest.mark.skipif(not HAS_SPECULATORS, reason="speculators is not installed (scripts/install_speculators.sh)")
+def test_a_draftsmith_curve_from_other_rows_is_refused(tmp_path, monkeypatch, capsys):
+    """--draftsmith-metrics: a run whose tokens_seen differ at an evaluation trained on other rows."""
+    monkeypatch.setenv("DRAFTSMITH_SHARED", str(shared_path(STORIES).parents[1]))
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({"step": s, "tokens_seen": 10.0 * s, "eval_acc_0": 0.1}) + "\n" for s in (1, 2)))
+    code = bench().main(["--smoke", "--workdir", str(tmp_path / "work"), "--peers", "speculators",
+                         "--draftsmith-metrics", str(metrics)])
+    assert code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("bench_peer_recipe:")]
+    assert len(err) == 1 and "did not train on the same rows" in err[0]
