@@ -424,6 +424,8 @@ def write(out: Path | None, report: dict) -> None:
 def run(args, work: Path, peers: list[str]) -> int:
     from draftsmith.train.loop import Trainer
 
+    if args.draftsmith_metrics and not args.draftsmith_metrics.is_file():
+        raise UserError(f"--draftsmith-metrics {args.draftsmith_metrics}: no such file (a run's metrics.jsonl)")
     cfg = recipe_config(args.recipe, args.overrides, work / "speculators", args.steps, args.seed, args.eval_every)
     trainer = Trainer(cfg, overwrite=True)  # the peer's: its stream, held-out rows, target and draft vocabulary
     if args.tokens:
@@ -463,8 +465,6 @@ def run(args, work: Path, peers: list[str]) -> int:
                                eval_every)
         report["draftsmith"] = run_draftsmith(ds_cfg, trainer.target)
     elif args.draftsmith_metrics:
-        if not args.draftsmith_metrics.is_file():
-            raise UserError(f"--draftsmith-metrics {args.draftsmith_metrics}: no such file (a run's metrics.jsonl)")
         report["draftsmith"] = {"curve": curve_from_metrics(args.draftsmith_metrics), "from": str(args.draftsmith_metrics)}
     if "draftsmith" in report and "speculators" in report:
         ds, sp = report["draftsmith"], report["speculators"]
