@@ -125,3 +125,29 @@ def test_a_gzip_bomb_stops_at_the_bound(tmp_path, monkeypatch):
     assert path.stat().st_size < 64 << 10
     with pytest.raises(UserError, match="decompresses to more than 1,048,576 bytes"):
         shipped_answers.read_answers(path)
+
+
+def test_the_shipped_smollm2_answers_answer_every_prompt_of_the_recipe(tmp_path, monkeypatch):
+    """recipes/cpu/eagle3-smollm2-135m.yaml trains without a server: its prompts, rebuilt from ../shared, all
+    find their answer in data/regenerated/ (a changed corpus or prompt builder would show up here)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, SHARED, shared_path
+
+    shared_path("data", "chat_corpus", "lima.json")
+    from draftsmith import config
+
+    cfg = config.load(str(REPO / "recipes" / "cpu" / "eagle3-smollm2-135m.yaml"))
+    assert cfg.regenerate.generator == "answers"
+    monkeypatch.chdir(tmp_path)  # the recipe's prompt path is relative to where it runs
+    prompts = tmp_path / cfg.data.path[0]
+    subprocess.run([sys.executable, str(REPO / "scripts" / "build_regen_prompts.py"), "--scale", "2.5",
+                    "--data-dir", str(SHARED / "data"), "--out", str(prompts)], check=True, capture_output=True)
+    rc = cfg.regenerate
+    answers = shipped_answers.AnswersGenerator(
+        RegenerateConfig(generator="answers", answers_file=str(REPO / rc.answers_file),
+                         max_new_tokens=rc.max_new_tokens, temperature=rc.temperature))
+    summary = regenerate.regenerate(cfg.data.path, answers, str(tmp_path / "answers.jsonl"), limit=rc.limit,
+                                    log=lambda *_: None)
+    assert (summary.input, summary.success, summary.error) == (rc.limit, rc.limit, 0)
