@@ -101,7 +101,7 @@ class FeaturesConfig:
     # Offline cache only: also store the target's K largest logits per position (`prepare --features`), and train
     # on soft labels over those K instead of replaying the lm_head every step (softmax over the K entries the
     # draft vocabulary holds; the argmax is the cached first). null: the full logits, replayed from the cached last
-    # hidden state. Kinds whose labels are made by heads/vocab_loss (EAGLE-3, DFlash, DFlash 2, DSpark, P-EAGLE).
+    # hidden state. Only kinds whose labels heads/vocab_loss makes alone (their class sets takes_topk_labels).
     label_topk: Optional[int] = None
 
 
