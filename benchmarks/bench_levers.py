@@ -22,7 +22,11 @@ SmolLM2-135M-shaped random target (vocab 49,152, hidden 576, 4 layers: depth doe
 vocabulary 8,192, 3 TTT steps, as recipes/cpu/eagle3-smollm2-135m.yaml) and on stories260K (vocab 512). The
 "labels" columns time the label part alone (features.complete + soft_labels).
 
-    OMP_NUM_THREADS=2 python benchmarks/bench_levers.py --topk-cost 20 --repeats 10 --batch 4 --length 256
+    OMP_NUM_THREADS=1 python benchmarks/bench_levers.py --topk-cost 20 --repeats 10 --batch 4 --length 256
+    OMP_NUM_THREADS=1 python benchmarks/bench_levers.py --topk-cost 20 --precision bf16   # the SmolLM2 recipe's
+
+--precision bf16 runs forward_loss under bf16 autocast as train.precision bf16 does (features.complete, the
+replay included, stays outside it, as in train/loop.py).
 
 --coverage prints, per draft vocabulary size, the share of the training and held-out label tokens (the
 target's regenerated answers) that the draft vocabulary (the most frequent training labels) holds: an
@@ -147,8 +151,10 @@ def smollm2_shaped_target(num_layers: int = 4):
     return Target(LlamaForCausalLM(cfg).eval(), byte_tokenizer(), name=f"smollm2-shaped-{num_layers}x576")
 
 
-def topk_cost(k: int, repeats: int, batch: int, length: int) -> None:
+def topk_cost(k: int, repeats: int, batch: int, length: int, precision: str = "fp32") -> None:
     """Per-step cost of an EAGLE-3 step from offline features, lm_head replay against cached top-K logits."""
+    import contextlib
+
     import torch
 
     from draftsmith.data import features
@@ -158,7 +164,9 @@ def topk_cost(k: int, repeats: int, batch: int, length: int) -> None:
 
     shapes = {"smollm2-shaped": (smollm2_shaped_target, 8192, 3),
               "stories260K": (lambda: load.load(str(REPO.parent / "shared" / "models" / "stories260K-hf")), None, 5)}
-    print(f"batch {batch} x {length} tokens, K = {k}, float32, torch threads {torch.get_num_threads()}")
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" else contextlib.nullcontext
+    print(f"batch {batch} x {length} tokens, K = {k}, target float32, drafter {precision}, "
+          f"torch threads {torch.get_num_threads()}")
     print("| target | V | step, replay (min / median) | step, top-K (min / median) | step ratio "
           "| labels, replay | labels, top-K | labels ratio |")
     for name, (make, dv, ttt) in shapes.items():
@@ -187,7 +195,9 @@ def topk_cost(k: int, repeats: int, batch: int, length: int) -> None:
                 vocab_loss.soft_labels(b["target_logits"], d.draft_ids(), d.cfg.loss_chunk or length)
                 t1 = time.perf_counter()
                 b = features.complete(target, dict(rows), required, layers)
-                d.forward_loss(b).loss.backward()
+                with autocast():
+                    loss = d.forward_loss(b).loss
+                loss.backward()
                 t2 = time.perf_counter()
                 d.zero_grad(set_to_none=True)
                 if r >= 2:
@@ -233,6 +243,7 @@ def main() -> int:
                     "features.label_topk K (no training)")
     ap.add_argument("--batch", type=int, default=4, help="--topk-cost: rows per step")
     ap.add_argument("--length", type=int, default=256, help="--topk-cost: tokens per row")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="--topk-cost: the drafter's autocast")
     ap.add_argument("--sizes", type=int, nargs="+", default=[64, 128, 256, 384, 512])
     args = ap.parse_args()
     if args.coverage:
@@ -242,7 +253,7 @@ def main() -> int:
         step_cost(args.repeats)
         return 0
     if args.topk_cost:
-        topk_cost(args.topk_cost, args.repeats, args.batch, args.length)
+        topk_cost(args.topk_cost, args.repeats, args.batch, args.length, args.precision)
         return 0
     rows = []
     for name in args.levers:

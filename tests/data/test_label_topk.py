@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from draftsmith import config
 from draftsmith.cli import main as cli_main
 from draftsmith.core.errors import ConfigError, UserError
-from draftsmith.data import TokenDataset, collate, feature_cache, feature_manifest, features
+from draftsmith.data import TokenDataset, collate, feature_cache, features
 from draftsmith.heads import DRAFTERS, vocab_loss
 from draftsmith.targets.load import Target
 from draftsmith.testing import tiny_target
@@ -253,3 +253,18 @@ def test_label_topk_refusals(tiny_run):
     assert tiny_run("d", *offline).features.label_topk == 20
     full_logits = [k for k in DRAFTERS.names() if not DRAFTERS.get(k).takes_topk_labels]
     assert set(full_logits) >= {"medusa", "eagle1", "mlp_speculator", "draft_lm"} and "eagle3" not in full_logits
+
+
+def test_several_builders_write_the_same_top_k(tmp_path, target):
+    """prepare --nproc / torchrun builders share build(): ranks of world 2 leave the cache one builder writes."""
+    layers = _eagle3(target).feature_layers()
+    one = _build(target, tmp_path / "one", 5, layers)
+    for rank in (1, 0):
+        m = feature_cache.build(target, _dataset(), str(tmp_path / "two"), layers, "float32", shard_rows=2,
+                                required=REQUIRED, batch_size=2, label_topk=5, rank=rank, world=2, **QUIET)
+    assert m["complete"] and m["label_topk"] == 5 and m["format_version"] == 3
+    a = feature_cache.open(str(tmp_path / "one"), target, layers, REQUIRED, label_topk=5)
+    b = feature_cache.open(str(tmp_path / "two"), target, layers, REQUIRED, label_topk=5)
+    for i in range(one["rows"]):
+        for key in features.TOPK_FEATURES:
+            assert torch.equal(a[i][key], b[i][key])
