@@ -542,8 +542,8 @@ def _range_checks(cfg: RecipeConfig) -> list[str]:
         (d.text_chunk_tokens >= 2, f"data.text_chunk_tokens: must be >= 2, got {d.text_chunk_tokens}"),
         (f.shard_rows >= 1, f"features.shard_rows: must be >= 1, got {f.shard_rows}"),
         (f.build_batch_size >= 1, f"features.build_batch_size: must be >= 1, got {f.build_batch_size}"),
-        (f.label_topk is None or 1 <= f.label_topk <= MAX_LABEL_TOPK,
-         f"features.label_topk: must lie in [1, {MAX_LABEL_TOPK:,}] or be null, got {f.label_topk if f.label_topk is None else _huge(f.label_topk)}"),
+        (f.label_topk is None or 1 <= f.label_topk <= MAX_LABEL_TOPK, f"features.label_topk: must lie in "
+         f"[1, {MAX_LABEL_TOPK:,}] or be null, got {f.label_topk if f.label_topk is None else _huge(f.label_topk)}"),
         (r.max_new_tokens >= 1, f"regenerate.max_new_tokens: must be >= 1, got {r.max_new_tokens}"),
         (r.temperature >= 0, f"regenerate.temperature: must be >= 0 (0: greedy), got {r.temperature}"),
         (0 < r.top_p <= 1, f"regenerate.top_p: must lie in (0, 1], got {r.top_p}"),
