@@ -15,6 +15,19 @@ minimum and median of --repeats: robust to other jobs on the machine, unlike a r
 
     OMP_NUM_THREADS=1 python benchmarks/bench_levers.py --step-cost --repeats 20
 
+--topk-cost K times one EAGLE-3 training step from offline features with and without features.label_topk K:
+the lm_head replay (features.complete -> [b, s, V] logits -> soft_labels) against the cached top-K
+(features.complete -> TopKLogits -> soft_labels), each followed by forward_loss + backward, interleaved, on a
+SmolLM2-135M-shaped random target (vocab 49,152, hidden 576, 4 layers: depth does not enter the step; draft
+vocabulary 8,192, 3 TTT steps, as recipes/cpu/eagle3-smollm2-135m.yaml) and on stories260K (vocab 512). The
+"labels" columns time the label part alone (features.complete + soft_labels).
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_levers.py --topk-cost 20 --repeats 10 --batch 4 --length 256
+    OMP_NUM_THREADS=1 python benchmarks/bench_levers.py --topk-cost 20 --precision bf16   # the SmolLM2 recipe's
+
+--precision bf16 runs forward_loss under bf16 autocast as train.precision bf16 does (features.complete, the
+replay included, stays outside it, as in train/loop.py).
+
 --coverage prints, per draft vocabulary size, the share of the training and held-out label tokens (the
 target's regenerated answers) that the draft vocabulary (the most frequent training labels) holds: an
 upper bound of what a drafter with that vocabulary can ever be accepted on.
@@ -122,6 +135,82 @@ def step_cost(repeats: int) -> None:
         print(f"| {name} | {min(ts) * 1e3:.1f} ms | {statistics.median(ts) * 1e3:.1f} ms | {min(ts) / base:.2f} |")
 
 
+def smollm2_shaped_target(num_layers: int = 4):
+    """A random Llama shaped like SmolLM2-135M (vocab 49,152, hidden 576, 9 heads / 3 kv heads, intermediate
+    1,536, tied embeddings) with num_layers layers: the lm_head replay costs what SmolLM2's does."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from draftsmith.targets.load import Target
+    from draftsmith.testing import byte_tokenizer
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=num_layers,
+                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return Target(LlamaForCausalLM(cfg).eval(), byte_tokenizer(), name=f"smollm2-shaped-{num_layers}x576")
+
+
+def topk_cost(k: int, repeats: int, batch: int, length: int, precision: str = "fp32") -> None:
+    """Per-step cost of an EAGLE-3 step from offline features, lm_head replay against cached top-K logits."""
+    import contextlib
+
+    import torch
+
+    from draftsmith.data import features
+    from draftsmith.heads import vocab_loss
+    from draftsmith.heads.eagle3 import Eagle3Drafter
+    from draftsmith.targets import load
+
+    shapes = {"smollm2-shaped": (smollm2_shaped_target, 8192, 3),
+              "stories260K": (lambda: load.load(str(REPO.parent / "shared" / "models" / "stories260K-hf")), None, 5)}
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" else contextlib.nullcontext
+    print(f"batch {batch} x {length} tokens, K = {k}, target float32, drafter {precision}, "
+          f"torch threads {torch.get_num_threads()}")
+    print("| target | V | step, replay (min / median) | step, top-K (min / median) | step ratio "
+          "| labels, replay | labels, top-K | labels ratio |")
+    for name, (make, dv, ttt) in shapes.items():
+        target = make()
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(3, target.vocab_size, (batch, length), generator=g)
+        base = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
+        torch.manual_seed(0)
+        d = Eagle3Drafter.from_target(Eagle3Drafter.Config(ttt_steps=ttt, draft_vocab_size=dv), target,
+                                      torch.arange(target.vocab_size, 0, -1).float())
+        required, layers = set(d.required_features), d.feature_layers()
+        with torch.no_grad():  # what the offline cache holds for these rows
+            out = target.forward(ids, attention_mask=base["attention_mask"])
+            aux = torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+            top_ids, top_values = features.top_logits(out.logits, k)
+            cached = {"dense": {**base, "aux_hidden_states": aux, "last_hidden_state": out.hidden_states[-1]},
+                      "topk": {**base, "aux_hidden_states": aux, "label_topk_ids": top_ids,
+                               "label_topk_values": top_values}}
+            del out
+        step = {v: [] for v in cached}
+        labels = {v: [] for v in cached}
+        for r in range(repeats + 2):
+            for variant, rows in cached.items():  # interleaved: a burst of load hits both alike
+                t0 = time.perf_counter()
+                b = features.complete(target, dict(rows), required, layers)
+                vocab_loss.soft_labels(b["target_logits"], d.draft_ids(), d.cfg.loss_chunk or length)
+                t1 = time.perf_counter()
+                b = features.complete(target, dict(rows), required, layers)
+                with autocast():
+                    loss = d.forward_loss(b).loss
+                loss.backward()
+                t2 = time.perf_counter()
+                d.zero_grad(set_to_none=True)
+                if r >= 2:
+                    labels[variant].append(t1 - t0)
+                    step[variant].append(t2 - t1)
+        cell = {v: f"{min(t) * 1e3:.0f} / {statistics.median(t) * 1e3:.0f} ms" for v, t in step.items()}
+        lab = {v: f"{statistics.median(t) * 1e3:.1f} ms" for v, t in labels.items()}
+        print(f"| {name} | {target.vocab_size:,} | {cell['dense']} | {cell['topk']} | "
+              f"{statistics.median(step['dense']) / statistics.median(step['topk']):.2f} | {lab['dense']} | "
+              f"{lab['topk']} | {statistics.median(labels['dense']) / statistics.median(labels['topk']):.1f} |",
+              flush=True)
+
+
 def coverage(args) -> None:
 
     from draftsmith import config, data
@@ -150,6 +239,11 @@ def main() -> int:
     ap.add_argument("--step-cost", action="store_true", help="time one training step per option set (no training)")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--coverage", action="store_true", help="draft vocabulary coverage per --sizes (no training)")
+    ap.add_argument("--topk-cost", type=int, metavar="K", help="time an EAGLE-3 step, lm_head replay against "
+                    "features.label_topk K (no training)")
+    ap.add_argument("--batch", type=int, default=4, help="--topk-cost: rows per step")
+    ap.add_argument("--length", type=int, default=256, help="--topk-cost: tokens per row")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="--topk-cost: the drafter's autocast")
     ap.add_argument("--sizes", type=int, nargs="+", default=[64, 128, 256, 384, 512])
     args = ap.parse_args()
     if args.coverage:
@@ -157,6 +251,9 @@ def main() -> int:
         return 0
     if args.step_cost:
         step_cost(args.repeats)
+        return 0
+    if args.topk_cost:
+        topk_cost(args.topk_cost, args.repeats, args.batch, args.length, args.precision)
         return 0
     rows = []
     for name in args.levers:

@@ -98,6 +98,11 @@ class FeaturesConfig:
     source: Literal["draftsmith", "vllm"] = "draftsmith"
     # features.source vllm: the folder of vLLM hidden-states files (*.safetensors, *.safetensors.zst).
     dir: Optional[str] = None
+    # Offline cache only: also store the target's K largest logits per position (`prepare --features`), and train
+    # on soft labels over those K instead of replaying the lm_head every step (softmax over the K entries the
+    # draft vocabulary holds; the argmax is the cached first). null: the full logits, replayed from the cached last
+    # hidden state. Only kinds whose labels heads/vocab_loss makes alone (their class sets takes_topk_labels).
+    label_topk: Optional[int] = None
 
 
 @dataclass
@@ -486,6 +491,7 @@ def _semantic_checks(cfg: RecipeConfig) -> list[str]:
     if cfg.features.source == "vllm" and (cfg.features.mode != "offline" or not cfg.features.dir):
         problems.append("features.source: vllm reads a folder of vLLM hidden-states files: set features.mode: offline "
                         "and features.dir: DIR")
+    problems.extend(_label_topk_checks(cfg))
     if cfg.data.max_length < 8:
         problems.append("data.max_length: must be >= 8 tokens")
     if cfg.data.pack_length is not None and cfg.data.pack_length < cfg.data.max_length:
@@ -494,7 +500,24 @@ def _semantic_checks(cfg: RecipeConfig) -> list[str]:
     return problems
 
 
+def _label_topk_checks(cfg: RecipeConfig) -> list[str]:
+    """features.label_topk: draftsmith's offline cache, and a kind whose labels vocab_loss makes."""
+    f = cfg.features
+    if f.label_topk is None:
+        return []
+    if f.mode != "offline" or f.source != "draftsmith":
+        return [f"features.label_topk: {f.label_topk} reads the top-K logits of draftsmith's offline feature cache: "
+                "set features.mode: offline (features.source: draftsmith), or remove features.label_topk"]
+    from draftsmith.heads import DRAFTERS  # local import: heads import torch
+
+    if cfg.drafter.kind in DRAFTERS.names() and not DRAFTERS.get(cfg.drafter.kind).takes_topk_labels:
+        return [f"features.label_topk: drafter kind {cfg.drafter.kind} reads the target's full logits, not only soft "
+                "labels over the draft vocabulary; remove features.label_topk for it"]
+    return []
+
+
 # Bounds past which a value means nothing (a NaN checkpoint, or memory no machine has).
+MAX_LABEL_TOPK = 1 << 20  # top-K logits per position; a K past the target's vocabulary is refused at build
 MAX_LR = 10.0
 MAX_WEIGHT_DECAY = 10.0  # AdamW multiplies it by lr: lr * weight_decay >= 1 flips the weights' sign
 MAX_TOKENS = 1 << 20  # one training row; the target's own position limit is checked when it is loaded
@@ -528,6 +551,8 @@ def _range_checks(cfg: RecipeConfig) -> list[str]:
         (d.text_chunk_tokens >= 2, f"data.text_chunk_tokens: must be >= 2, got {d.text_chunk_tokens}"),
         (f.shard_rows >= 1, f"features.shard_rows: must be >= 1, got {f.shard_rows}"),
         (f.build_batch_size >= 1, f"features.build_batch_size: must be >= 1, got {f.build_batch_size}"),
+        (f.label_topk is None or 1 <= f.label_topk <= MAX_LABEL_TOPK, f"features.label_topk: must lie in "
+         f"[1, {MAX_LABEL_TOPK:,}] or be null, got {f.label_topk if f.label_topk is None else _huge(f.label_topk)}"),
         (r.max_new_tokens >= 1, f"regenerate.max_new_tokens: must be >= 1, got {r.max_new_tokens}"),
         (r.temperature >= 0, f"regenerate.temperature: must be >= 0 (0: greedy), got {r.temperature}"),
         (0 < r.top_p <= 1, f"regenerate.top_p: must lie in (0, 1], got {r.top_p}"),

@@ -126,6 +126,9 @@ def run_features(cfg, target=None, layers=None, required=None, log=print, fmt: s
     if fmt == "vllm" and not cfg.features.dir:
         raise UserError("--format vllm writes vLLM's hidden-states files into features.dir: set it in the recipe or "
                         "pass features.dir=DIR")
+    if fmt == "vllm" and cfg.features.label_topk is not None:
+        raise UserError("features.label_topk: --format vllm writes vLLM's hidden-states files, which hold no top-K "
+                        "logits; build draftsmith's cache (--format draftsmith) or remove features.label_topk")
     if fmt != "vllm" and not cfg.features.cache_dir:
         raise UserError("--features needs features.cache_dir: set it in the recipe or pass features.cache_dir=DIR")
     check_target_sharding(cfg)
@@ -151,12 +154,14 @@ def run_features(cfg, target=None, layers=None, required=None, log=print, fmt: s
                                                   world=world)
         return {"rows": len(full), "written": written}
     manifest = feature_cache.build(target, full, f.cache_dir, layers, f.dtype, f.shard_rows, required,
-                                   batch_size=f.build_batch_size, log=log, rank=rank, world=world)
+                                   batch_size=f.build_batch_size, log=log, rank=rank, world=world,
+                                   label_topk=f.label_topk)
     if world > 1 and not manifest["complete"]:
         log(f"feature cache {f.cache_dir}: rank {rank} of {world} done; other ranks are finishing their shards")
         return manifest
+    topk = f" + the top-{f.label_topk} logits" if f.label_topk else ""
     log(f"feature cache {f.cache_dir}: {manifest['rows']} rows, {manifest['tokens']} tokens, layers {layers}, "
-        f"{manifest['features']} in {manifest['dtype']}; the last {len(heldout)} rows are the heldout set")
+        f"{manifest['features']} in {manifest['dtype']}{topk}; the last {len(heldout)} rows are the heldout set")
     return manifest
 
 
@@ -234,10 +239,11 @@ def predict_cache(cfg, log=print) -> dict:
     features = feature_cache.cache_features(cls.required_features)
     tokens, rows = train.num_tokens + heldout.num_tokens, len(train) + len(heldout)
     out = {"tokens": tokens, "rows": rows, "features": features, "layers": layers, "bytes": {}}
+    topk = cfg.features.label_topk
     log(f"feature cache prediction for {cfg.name}: {rows} rows, {tokens} tokens, features {features}, "
-        f"layers {layers}, hidden {shape.hidden_size}")
+        f"layers {layers}, hidden {shape.hidden_size}" + (f", top-{topk} logits" if topk else ""))
     for dtype in ("float32", "bfloat16", "fp8", "int8"):
-        pred = feature_cache.predict_bytes(tokens, rows, features, len(layers), shape.hidden_size, dtype)
+        pred = feature_cache.predict_bytes(tokens, rows, features, len(layers), shape.hidden_size, dtype, topk)
         out["bytes"][dtype] = pred
         mark = "  <- features.dtype" if feature_cache.DTYPES[dtype] == feature_cache.DTYPES[cfg.features.dtype] else ""
         log(f"  {dtype:>9}: {pred['per_token']:>8,} bytes/token  {pred['total'] / 2**20:>12,.1f} MiB{mark}")

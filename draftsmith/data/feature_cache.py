@@ -12,6 +12,15 @@ Resumable: shards listed in the manifest are kept; each shard is written to a te
 and moved into place with os.replace, then the manifest is rewritten (also atomically).
 target_logits are not stored: features.complete() recomputes them from last_hidden_state.
 
+Top-K logits (features.label_topk K; manifest format_version 3 with "label_topk": K): each row also holds
+"{row}/label_topk_ids" int32 [s, K], the target ids of its K largest logits (from the target's own forward,
+out.logits), largest first, and "{row}/label_topk_values" float16 [s, K], those logits minus the largest
+(data/features.top_logits says why float16). Training with the same K reads them instead of replaying the
+lm_head (features.complete -> data.features.TopKLogits -> heads/vocab_loss.soft_labels); training with
+label_topk null ignores them and replays as before (the hidden states are all still there). A cache
+without them, or with another K, is refused in one line; the ids are checked against the target's
+vocabulary and the values for finiteness as each row is read.
+
 Compact caches (features.dtype int8 or fp8): each feature is stored quantised with one scale per
 token and per target layer ("{row}/{name}" int8 / float8_e4m3fn [s, n*h], "{row}/{name}.scale"
 fp32 [s, n]: absmax / 127 or / 448), about half of bf16's bytes; rows are dequantised to bf16 on
@@ -60,16 +69,21 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, out_dtype=torch.bfloat16) -
     return (q.float().reshape(s, n, -1) * scale[..., None]).reshape(s, -1).to(out_dtype)
 
 
-def predict_bytes(tokens: int, rows: int, features: list[str], num_aux_layers: int, hidden: int, dtype: str) -> dict:
+TOPK_BYTES = 4 + 2  # per top-K entry: an int32 id and a float16 value
+
+
+def predict_bytes(tokens: int, rows: int, features: list[str], num_aux_layers: int, hidden: int, dtype: str,
+                  label_topk: Optional[int] = None) -> dict:
     """Bytes a cache of `rows` rows and `tokens` tokens will take (tensor payload, which dominates;
     safetensors headers add ~100 bytes per row and tensor). -> {"per_token": ..., "total": ...}."""
     t = DTYPES[dtype]
     elem = torch.empty(0, dtype=t).element_size()
-    per_token = ROW_BYTES
+    per_token = ROW_BYTES + (label_topk or 0) * TOPK_BYTES
     for name in features:
         blocks = num_aux_layers if name == "aux_hidden_states" else 1
         per_token += blocks * hidden * elem + (blocks * 4 if t in QMAX else 0)
-    return {"per_token": per_token, "total": per_token * tokens + 100 * rows * (2 + 2 * len(features))}
+    tensors = 2 + 2 * len(features) + (len(feats_mod.TOPK_FEATURES) if label_topk else 0)
+    return {"per_token": per_token, "total": per_token * tokens + 100 * rows * tensors}
 REBUILD = "rebuild it with `draftsmith prepare recipe.yaml --features` (or point features.cache_dir elsewhere)"
 
 
@@ -110,16 +124,18 @@ def _write_shard(root: Path, name: str, tensors: dict, metadata: dict) -> tuple[
     return digest
 
 
-def _expected(target, dataset, layers, dtype, shard_rows, features) -> dict:
-    return {"format_version": FORMAT_VERSION, "target": target.name, "target_fingerprint": target.fingerprint,
-            "layers": list(layers), "dtype": str(DTYPES[dtype]).replace("torch.", ""), "features": features,
-            "rows": len(dataset), "shard_rows": shard_rows, "data_fingerprint": data_fingerprint(dataset),
-            "hidden_size": target.hidden_size}
+def _expected(target, dataset, layers, dtype, shard_rows, features, label_topk: Optional[int] = None) -> dict:
+    expected = {"format_version": fm.format_version(label_topk), "target": target.name,
+                "target_fingerprint": target.fingerprint, "layers": list(layers),
+                "dtype": str(DTYPES[dtype]).replace("torch.", ""), "features": features, "rows": len(dataset),
+                "shard_rows": shard_rows, "data_fingerprint": data_fingerprint(dataset), "hidden_size": target.hidden_size}
+    return expected if label_topk is None else {**expected, "label_topk": label_topk}
 
 
-def _shard_tensors(target, dataset, start: int, end: int, layers, dtype, features, batch_size: int) -> dict:
+def _shard_tensors(target, dataset, start: int, end: int, layers, dtype, features, batch_size: int,
+                   label_topk: Optional[int] = None) -> dict:
     """Forward rows [start, end) in right-padded micro-batches of similar length (little padding);
-    keep each row's own length."""
+    keep each row's own length. label_topk K: also each row's top-K logits from the forward's own logits."""
     out: dict[str, torch.Tensor] = {}
     pad = target.tokenizer.pad_token_id or 0
     order = sorted(range(start, end), key=lambda i: len(dataset[i]["input_ids"]))
@@ -130,7 +146,8 @@ def _shard_tensors(target, dataset, start: int, end: int, layers, dtype, feature
         check = lo == 0 and "last_hidden_state" in features  # once per shard: the soft labels' path
         media = {k: v.to(target.device) for k, v in feats_mod.media_of(batch).items()}  # image rows: the vision tower runs here
         f = feats_mod.compute(target, batch["input_ids"].to(target.device), batch["attention_mask"].to(target.device),
-                              set(features) | ({"target_logits"} if check else set()), list(layers), media=media)
+                              set(features) | ({"target_logits"} if check or label_topk else set()), list(layers),
+                              media=media)
         if check:
             feats_mod.check_logits_path(target, f["last_hidden_state"], f["target_logits"], batch["attention_mask"])
         for b, (row, item) in enumerate(zip(rows, items)):
@@ -144,6 +161,10 @@ def _shard_tensors(target, dataset, start: int, end: int, layers, dtype, feature
                     out[f"{row}/{name}"], out[f"{row}/{name}.scale"] = q.contiguous(), scale.contiguous()
                 else:
                     out[f"{row}/{name}"] = x.to(DTYPES[dtype]).contiguous()
+            if label_topk:  # [s_pad, V] -> [s, K] ids and gaps, from the target's own logits
+                ids, values = feats_mod.top_logits(f["target_logits"][b, :n], label_topk)
+                for key, value in zip(feats_mod.TOPK_FEATURES, (ids, values)):
+                    out[f"{row}/{key}"] = value.to("cpu").contiguous()
     return out
 
 
@@ -162,7 +183,7 @@ def _start(root: Path, expected: dict) -> dict:
         if old is None:
             fm.write_manifest(root, {**expected, "shards": [], "tokens": 0, "loss_tokens": 0, "complete": False})
             return fm.read_manifest(root)
-    diff = {k: (old.get(k), v) for k, v in expected.items() if old.get(k) != v}
+    diff = {k: (old.get(k), expected.get(k)) for k in [*expected, "label_topk"] if old.get(k) != expected.get(k)}
     if diff:
         raise UserError(f"{root / fm.MANIFEST} belongs to another build {diff} (cached, now): delete {root} "
                         "(or set features.cache_dir to a new directory) and rerun "
@@ -187,8 +208,11 @@ def _drop(root: Path, start: int) -> None:
 
 
 def build(target, dataset, cache_dir: str, layers: list[int], dtype: str = "bfloat16", shard_rows: int = 256,
-          required: Iterable[str] = CACHEABLE, batch_size: int = 8, log=print, rank: int = 0, world: int = 1) -> dict:
+          required: Iterable[str] = CACHEABLE, batch_size: int = 8, log=print, rank: int = 0, world: int = 1,
+          label_topk: Optional[int] = None) -> dict:
     """Write (or finish) the cache for `dataset` under cache_dir; returns the manifest.
+
+    label_topk K (features.label_topk): each row also holds the target's top-K logits (manifest version 3).
 
     rank / world: this builder's place among `world` builders sharing the cache (prepare --nproc, torchrun).
     Each shard is built by whichever builder holds its lock; a finished shard listed in the manifest is kept
@@ -198,9 +222,12 @@ def build(target, dataset, cache_dir: str, layers: list[int], dtype: str = "bflo
         raise UserError(f"nothing to cache: required features {sorted(required)} include none of {CACHEABLE}")
     if dtype not in DTYPES:
         raise UserError(f"features.dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    if label_topk is not None and not 1 <= label_topk <= target.vocab_size:
+        raise UserError(f"features.label_topk {label_topk}: must lie in [1, {target.vocab_size:,}], the target's "
+                        "vocabulary size")
     root = Path(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
-    expected = _expected(target, dataset, layers, dtype, shard_rows, features)
+    expected = _expected(target, dataset, layers, dtype, shard_rows, features, label_topk)
     manifest = _start(root, expected)
     num_shards = -(-len(dataset) // shard_rows)
     built = 0
@@ -219,7 +246,7 @@ def build(target, dataset, cache_dir: str, layers: list[int], dtype: str = "bflo
                 _drop(root, start)
             elif fm.regular_shard(root, {"file": name}) is not None:
                 log(f"feature cache: {name} is not in the manifest (a build stopped before recording it); rebuilding it")
-            tensors = _shard_tensors(target, dataset, start, end, layers, dtype, features, batch_size)
+            tensors = _shard_tensors(target, dataset, start, end, layers, dtype, features, batch_size, label_topk)
             size, digest = _write_shard(root, name, tensors, {"start": str(start), "end": str(end)})
             tokens = sum(len(dataset[i]["input_ids"]) for i in range(start, end))
             loss = sum(int(dataset[i]["loss_mask"].sum()) for i in range(start, end))
@@ -237,10 +264,12 @@ def build(target, dataset, cache_dir: str, layers: list[int], dtype: str = "bflo
 
 class CachedDataset(torch.utils.data.Dataset):
     """Rows of a feature cache: {"input_ids", "loss_mask", "id", <cached features>} per item. Each shard's
-    header is checked (fm.check_shard_header) before the first read from it."""
+    header is checked (fm.check_shard_header) before the first read from it. topk_vocab V (features.label_topk):
+    items also hold the row's top-K logits (features.TOPK_FEATURES), their ids checked to lie in [0, V)."""
 
-    def __init__(self, root: Path, manifest: dict, start: int = 0, end: Optional[int] = None):
-        self.root, self.manifest = root, manifest
+    def __init__(self, root: Path, manifest: dict, start: int = 0, end: Optional[int] = None,
+                 topk_vocab: Optional[int] = None):
+        self.root, self.manifest, self.topk_vocab = root, manifest, topk_vocab
         self.start, self.end = start, manifest["rows"] if end is None else end
         self._handles: dict[str, object] = {}
         self._shards = sorted(manifest["shards"], key=lambda s: s["start"])
@@ -250,7 +279,7 @@ class CachedDataset(torch.utils.data.Dataset):
         return self.end - self.start
 
     def subset(self, start: int, end: int) -> "CachedDataset":
-        return CachedDataset(self.root, self.manifest, self.start + start, self.start + end)
+        return CachedDataset(self.root, self.manifest, self.start + start, self.start + end, self.topk_vocab)
 
     def _handle(self, row: int):
         entry = self._shards[bisect.bisect_right(self._starts, row) - 1]
@@ -277,11 +306,26 @@ class CachedDataset(torch.utils.data.Dataset):
             item[name] = h.get_tensor(f"{row}/{name}")
             if quantized:
                 item[name] = dequantize(item[name], h.get_tensor(f"{row}/{name}.scale"))
+        if self.topk_vocab is not None:
+            item.update(self._top_logits(h, row))
         return item
 
+    def _top_logits(self, h, row: int) -> dict:
+        """The row's cached top-K logits, checked: ids inside the target's vocabulary, finite values."""
+        ids, values = (h.get_tensor(f"{row}/{name}") for name in feats_mod.TOPK_FEATURES)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.topk_vocab
+                            or not bool(torch.isfinite(values).all())):
+            entry = self._shards[bisect.bisect_right(self._starts, row) - 1]
+            raise UserError(f"feature cache shard {self.root / entry['file']}: row {row}'s top-K logits hold an id "
+                            f"outside the target's vocabulary [0, {self.topk_vocab:,}) or a value that is not finite; "
+                            f"the cache is damaged: {fm.DELETE}")
+        return dict(zip(feats_mod.TOPK_FEATURES, (ids, values)))
 
-def open(cache_dir: str, target, layers: list[int], required: Optional[Iterable[str]] = None) -> CachedDataset:  # noqa: A001
-    """Open a finished cache built for this target and layer set (ValueError otherwise)."""
+
+def open(cache_dir: str, target, layers: list[int], required: Optional[Iterable[str]] = None,  # noqa: A001
+         label_topk: Optional[int] = None) -> CachedDataset:
+    """Open a finished cache built for this target and layer set (ValueError otherwise); label_topk K: one that
+    holds the target's top-K logits for that K, read with every row."""
     root = Path(cache_dir)
     manifest = fm.read_manifest(root)
     if manifest is None:
@@ -297,6 +341,9 @@ def open(cache_dir: str, target, layers: list[int], required: Optional[Iterable[
     if manifest.get("hidden_size") != target.hidden_size:
         raise UserError(f"feature cache {root} holds hidden size {manifest.get('hidden_size')}, the target's is "
                         f"{target.hidden_size}; " + REBUILD)
+    if label_topk is not None and manifest.get("label_topk") != label_topk:
+        held = "no top-K logits" if manifest.get("label_topk") is None else f"top-{manifest['label_topk']} logits"
+        raise UserError(f"feature cache {root} holds {held}, features.label_topk is {label_topk}: {fm.DELETE}")
     if not manifest.get("complete"):
         raise UserError(f"feature cache {root} is incomplete ({len(manifest['shards'])} shard(s) written); "
                          "finish it with `draftsmith prepare recipe.yaml --features` (it resumes)")
@@ -309,4 +356,4 @@ def open(cache_dir: str, target, layers: list[int], required: Optional[Iterable[
             found = "missing" if st is None else f"{st.st_size:,} bytes, the manifest recorded {entry['size']:,}"
             raise UserError(f"feature cache shard {root / entry['file']}: {found}; finish the cache with "
                             "`draftsmith prepare recipe.yaml --features` (it rebuilds damaged shards)")
-    return CachedDataset(root, manifest)
+    return CachedDataset(root, manifest, topk_vocab=None if label_topk is None else target.vocab_size)

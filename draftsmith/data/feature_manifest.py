@@ -15,6 +15,10 @@ A cache may have been copied from elsewhere, so everything in it is checked befo
     tensors, dtypes and shapes) before the first read from it. A shard that is not a regular file
     (a FIFO, a device, a link) is refused in one line, never read or replaced.
 
+Format versions: 2, the cache of hidden states (written byte for byte as before version 3 existed when
+features.label_topk is null); 3, a cache that also holds the target's top-K logits per row, with K recorded
+as label_topk (a version 2 manifest has no label_topk, a version 3 manifest must have one).
+
 Several builders (ranks of `prepare --features --nproc N` or torchrun, or two commands by mistake)
 share a cache through file locks (fcntl.flock) under .locks/: one per shard, held while the shard is
 built, and one for the manifest, held while a finished shard is merged into it (read, add, write
@@ -35,8 +39,11 @@ from pathlib import Path
 
 from draftsmith.core.errors import UserError
 from draftsmith.core.files import check_safetensors, file_kind, read_json_object
+from draftsmith.data.features import TOPK_FEATURES
 
 FORMAT_VERSION = 2  # 2: shards record size and sha256
+TOPK_FORMAT_VERSION = 3  # 3: version 2 + label_topk, each row's top-K logits (features.label_topk)
+MAX_LABEL_TOPK = 1 << 20  # K a cache may declare
 MAX_ROWS = 10**9  # rows a cache may declare (a manifest claiming more is damaged, not big)
 MANIFEST = "manifest.json"
 LOCKS = ".locks"
@@ -46,6 +53,11 @@ CACHEABLE = ("aux_hidden_states", "last_hidden_state")
 STORED = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "int8": "I8", "float8_e4m3fn": "F8_E4M3"}
 DELETE = ("delete it (or set features.cache_dir to a new directory) and rebuild with "
           "`draftsmith prepare recipe.yaml --features`")
+
+
+def format_version(label_topk: int | None) -> int:
+    """The version a cache is written in: 2 without top-K logits, 3 with."""
+    return FORMAT_VERSION if label_topk is None else TOPK_FORMAT_VERSION
 
 
 def shard_name(index: int) -> str:
@@ -70,7 +82,12 @@ def _text(path, where, value, limit=200) -> str:
 
 def check_manifest(path: Path, m: dict) -> dict:
     """Every key of a manifest, typed and ranged, and the shards consistent with rows and complete."""
-    _int(path, "format_version", m.get("format_version"), FORMAT_VERSION, FORMAT_VERSION)
+    version = _int(path, "format_version", m.get("format_version"), FORMAT_VERSION, TOPK_FORMAT_VERSION)
+    if version == TOPK_FORMAT_VERSION:
+        _int(path, "label_topk", m.get("label_topk"), 1, MAX_LABEL_TOPK)
+    elif "label_topk" in m:
+        raise _damaged(path, f"label_topk is set in a format_version {version} manifest (top-K logits are version "
+                             f"{TOPK_FORMAT_VERSION})")
     for key in ("target", "target_fingerprint", "data_fingerprint"):
         _text(path, key, m.get(key))
     if not isinstance(m.get("dtype"), str) or m["dtype"] not in STORED:
@@ -211,6 +228,9 @@ def check_shard_header(root: Path, entry: dict, manifest: dict) -> None:
             want[f"{row}/{name}"], shapes[f"{row}/{name}"] = STORED[manifest["dtype"]], [s, blocks * h]
             if quantized:
                 want[f"{row}/{name}.scale"], shapes[f"{row}/{name}.scale"] = "F32", [s, blocks]
+        if manifest.get("label_topk") is not None:  # version 3: the top-K logits, [s, K] int32 ids and float16 gaps
+            for name, dtype in zip(TOPK_FEATURES, ("I32", "F16")):
+                want[f"{row}/{name}"], shapes[f"{row}/{name}"] = dtype, [s, manifest["label_topk"]]
         for name, dtype in want.items():
             got = header.get(name)
             if s is None or not isinstance(got, dict) or got.get("dtype") != dtype or got.get("shape") != shapes[name]:

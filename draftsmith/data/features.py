@@ -2,17 +2,46 @@
 from the offline feature cache (draftsmith/data/feature_cache.py). Both paths produce the
 same dict of tensors, named as in heads/base.py.
 
-The cache stores hidden states only; target_logits are recomputed from last_hidden_state
-through the target's own output path (Target.logits_from_hidden: lm_head plus soft-capping or
-logit scaling; cheap, and it keeps the cache a few times smaller than logits).
+The cache stores hidden states; target_logits are recomputed from last_hidden_state through the
+target's own output path (Target.logits_from_hidden: lm_head plus soft-capping or logit scaling; it
+keeps the cache a few times smaller than logits). With features.label_topk K the cache also holds
+the target's top-K logits per position, and target_logits is a `TopKLogits` built from them: no
+lm_head replay, no [b, s, V] buffer (heads/vocab_loss.soft_labels takes either).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
 from draftsmith.core.errors import UserError
 
 HIDDEN_FEATURES = ("aux_hidden_states", "last_hidden_state")
+TOPK_FEATURES = ("label_topk_ids", "label_topk_values")  # cached per row: [s, K] int32, [s, K] float16
+FP16_MIN = -65504.0  # the most negative finite float16
+
+
+class TopKLogits(NamedTuple):
+    """The target's K largest next-token logits at each position, standing in for [b, s, V] target_logits
+    (features.label_topk): ids [b, s, K] target ids, largest logit first (ids[..., 0] is the argmax);
+    values [b, s, K] those logits minus the position's largest (<= 0: softmax does not see the shift);
+    vocab_size V. heads/vocab_loss.soft_labels turns them into soft labels over the draft vocabulary."""
+
+    ids: torch.Tensor
+    values: torch.Tensor
+    vocab_size: int
+
+
+@torch.no_grad()
+def top_logits(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., V] logits -> (ids [..., K] int32, values [..., K] float16): the K largest, largest first, each
+    stored as its gap to the largest. float16, not bfloat16: a label needs the logits' precision, not their
+    range (bfloat16's 8-bit significand rounds a logit of 20 by up to 0.06, 6 % of its probability; float16's
+    11 bits round the gaps, small numbers, by at most 0.004 under 16 and 0.0005 under 2). A gap below
+    float16's range (-65504, a probability of 0) is clamped there."""
+    values, ids = logits.topk(k, dim=-1)  # [..., V] -> [..., K], sorted
+    gaps = (values.float() - values[..., :1].float()).clamp_min(FP16_MIN)
+    return ids.to(torch.int32), gaps.to(torch.float16)
 
 
 def media_of(batch: dict) -> dict[str, torch.Tensor]:
@@ -64,8 +93,12 @@ def check_logits_path(target, last_hidden_state: torch.Tensor, logits: torch.Ten
 
 
 def complete(target, batch: dict[str, torch.Tensor], required: set[str], layers: list[int]) -> dict[str, torch.Tensor]:
-    """Fill in whatever `required` features the batch lacks (online forward or lm_head replay)."""
+    """Fill in whatever `required` features the batch lacks (cached top-K logits, online forward or lm_head replay)."""
     missing = {f for f in required if f not in batch} - {"input_ids", "attention_mask", "loss_mask"}
+    if "target_logits" in missing and TOPK_FEATURES[0] in batch:  # features.label_topk: the cache's top-K logits
+        batch = {**batch, "target_logits": TopKLogits(batch[TOPK_FEATURES[0]].long(), batch[TOPK_FEATURES[1]],
+                                                      target.vocab_size)}
+        missing.discard("target_logits")
     if not missing:
         return batch
     if missing <= {"target_logits"} and "last_hidden_state" in batch:

@@ -156,6 +156,23 @@ class LocalGenerator:
         return results
 
 
+class AnswersGenerator:
+    """Answers kept in a file (regenerate.answers_file, data/shipped_answers.py): no model runs; a prompt the
+    file does not hold is an error row (counted; a rerun with another generator answers it)."""
+
+    def __init__(self, rcfg):
+        from draftsmith.data.shipped_answers import AnswersFile
+
+        self.file = AnswersFile(rcfg)
+
+    def settings(self) -> dict:
+        return self.file.settings()
+
+    def generate(self, histories: list[list[dict]]) -> list[Result]:
+        answers = [self.file.lookup(h) for h in histories]
+        return [Result("ok", a) if a is not None else Result("error", reason=self.file.missing) for a in answers]
+
+
 def _origin(url: str) -> tuple:
     u = urllib.parse.urlparse(url)
     return u.scheme, (u.hostname or "").lower(), u.port or {"http": 80, "https": 443}.get(u.scheme)
@@ -526,8 +543,6 @@ def regenerate_for_recipe(cfg, target=None, limit=None, log=print, api_key_env=N
         target = target or target_mod.from_config(cfg.target)
         generator = LocalGenerator(target, rc, cfg.data)
     elif rc.generator == "answers":
-        from draftsmith.data.shipped_answers import AnswersGenerator
-
         generator = AnswersGenerator(rc)
     else:
         tokenizer = None

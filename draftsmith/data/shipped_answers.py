@@ -10,7 +10,7 @@ answers keyed by the conversation that asked for them:
 
 The key is the SHA-256 of the history the generator was given (every turn before the answer, as
 {"role", "content"} objects, canonical JSON), so a multi-turn row keeps one answer per turn and a prompt
-that changed by one character finds no answer. `AnswersGenerator` answers from the file: a history with no
+that changed by one character finds no answer. data/regenerate.py's AnswersGenerator answers from the file: a history with no
 answer is an error row, counted and retried by a rerun with another generator (`regenerate.generator:
 openai`), never silently dropped.
 
@@ -97,8 +97,9 @@ def read_answers(path: str | Path) -> tuple[dict, dict[str, str]]:
     return header, answers
 
 
-class AnswersGenerator:
-    """A regeneration generator that answers from an answers file (regenerate.answers_file)."""
+class AnswersFile:
+    """The answers of an answers file for a recipe's regenerate section (regenerate.answers_file), checked
+    against its generation settings; data/regenerate.py's AnswersGenerator answers from it."""
 
     def __init__(self, rcfg):
         if not rcfg.answers_file:
@@ -115,21 +116,15 @@ class AnswersGenerator:
                                 f"generated with {made[name]!r}: set regenerate.{name}={made[name]!r}, or "
                                 "regenerate with another generator")
         self.file_sha256 = hashlib.sha256(self.path.read_bytes()).hexdigest()
+        self.missing = (f"no answer in {self.path.name} for this prompt (it is not one the file was made from, or "
+                        "its text changed); regenerate it with regenerate.generator=openai or local")
 
     def settings(self) -> dict:
         return {"generator": "answers", "answers_file_sha256": self.file_sha256,
                 "answered_by": self.header.get("answered_by")}
 
-    def generate(self, histories: list[list[dict]]):
-        from draftsmith.data.regenerate import Result
-
-        out = []
-        for history in histories:
-            answer = self.answers.get(history_key(history))
-            out.append(Result("ok", answer) if answer is not None else Result(
-                "error", reason=f"no answer in {self.path.name} for this prompt (it is not one the file was made "
-                                "from, or its text changed); regenerate it with regenerate.generator=openai or local"))
-        return out
+    def lookup(self, history: list[dict]) -> str | None:
+        return self.answers.get(history_key(history))
 
 
 def pack(output: str | Path, dest: str | Path) -> dict:
@@ -138,7 +133,7 @@ def pack(output: str | Path, dest: str | Path) -> dict:
     summary = json.loads(read_received_text(f"{output}.summary.json", "regeneration summary"))
     answers: dict[str, str] = {}
     rows = 0
-    for n, line in enumerate(output.read_text(encoding="utf-8").splitlines(), 1):
+    for line in output.read_text(encoding="utf-8").splitlines():
         if not line.strip():
             continue
         messages = json.loads(line)["messages"]

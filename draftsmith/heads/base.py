@@ -7,7 +7,8 @@ Batch features (dict keys a drafter lists in `required_features`):
   loss_mask          [b, s]      1 where token j is an assistant token to be predicted
   aux_hidden_states  [b, s, n*h] hidden_states[i] for i in drafter.feature_layers(), concatenated
   last_hidden_state  [b, s, h]   hidden_states[num_layers] (after the final norm: the lm_head input)
-  target_logits      [b, s, V]   the target's next-token logits at each position
+  target_logits      [b, s, V]   the target's next-token logits at each position (with features.label_topk,
+                                 a data.features.TopKLogits of the top-K: only for takes_topk_labels kinds)
 Position j of every feature is computed from tokens <= j, so it predicts token j+1.
 """
 from __future__ import annotations
@@ -144,6 +145,10 @@ class Drafter(nn.Module):
     # Small options for the architecture matrix (matrix.py) and other smoke runs: one cell trains, drafts
     # and exports in well under a second on one CPU thread.
     tiny_options: ClassVar[dict] = {}
+    # True when the kind reads target_logits only through heads/vocab_loss.soft_labels / gathered_soft_labels,
+    # so the offline cache's top-K logits can stand in for them (features.label_topk; config refuses the option
+    # for any other kind).
+    takes_topk_labels: ClassVar[bool] = False
 
     @classmethod
     def refusals(cls, config) -> list[str]:

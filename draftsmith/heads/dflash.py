@@ -26,6 +26,7 @@ class DFlashDrafter(BlockDrafting, Drafter):
     drafts_block = True
     uses_draft_rope = True
     tiny_options = {"block_size": 4, "num_layers": 1, "num_anchors": 4}  # one forward drafts 3
+    takes_topk_labels = True  # target_logits only through vocab_loss (BlockDrafting.labels): features.label_topk
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "aux_hidden_states", "target_logits"})
 
     @dataclass

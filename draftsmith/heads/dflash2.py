@@ -144,6 +144,7 @@ class DFlash2Drafter(BlockDrafting, Drafter):
     uses_draft_rope = True
     tiny_options = {"block_size": 4, "num_layers": 1, "num_anchors": 4, "selector_rank": 8, "selector_top_k": 4,
                     "conv_group_size": 8}
+    takes_topk_labels = True  # target_logits only through vocab_loss (BlockDrafting.labels): features.label_topk
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "aux_hidden_states", "target_logits"})
 
     @dataclass

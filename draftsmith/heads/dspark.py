@@ -59,6 +59,7 @@ class DSparkDrafter(BlockDrafting, Drafter):
     drafts_block = True
     uses_draft_rope = True
     tiny_options = {"block_size": 3, "num_layers": 1, "num_anchors": 4, "markov_rank": 8}
+    takes_topk_labels = True  # target_logits only through vocab_loss (BlockDrafting.labels): features.label_topk
     sample_from_anchor = True
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "aux_hidden_states", "target_logits"})
 

@@ -58,6 +58,7 @@ class Eagle3Drafter(Drafter):
     drafts_block = False
     uses_draft_rope = True
     tiny_options = {"ttt_steps": 2, "draft_vocab_size": 128}
+    takes_topk_labels = True  # target_logits only through vocab_loss (soft_labels): features.label_topk
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "aux_hidden_states", "target_logits"})
 
     @dataclass

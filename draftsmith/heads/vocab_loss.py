@@ -11,6 +11,10 @@ Here:
   2. the KL of one TTT step runs over sequence chunks, each chunk's draft logits recomputed in
      backward (activation checkpointing), so only one chunk of [chunk, dv] fp32 logits is alive.
 Both equal the straightforward computation (tests/heads/test_vocab_loss.py).
+With features.label_topk the batch's target_logits is the offline cache's top-K logits (a TopKLogits,
+data/features.py) and `soft_labels` makes the labels from those K entries (`topk_soft_labels`): every kind
+whose labels come from soft_labels / gathered_soft_labels (its class sets takes_topk_labels) trains on them
+with no lm_head replay.
 
     p, top = soft_labels(batch["target_logits"], draft_ids)           # [b, s, dv] fp32, [b, s]
     kl_sum, hits = chunked_kl(hidden, lambda h: lm_head(norm(h)), p_t, mask_t, draft_ids, top_t)
@@ -25,15 +29,21 @@ from typing import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from draftsmith.data.features import TopKLogits
+from draftsmith.heads.shared import draft_index_of
+
 DEFAULT_CHUNK = 1024
 
 
-def soft_labels(target_logits: torch.Tensor, draft_ids: torch.Tensor, chunk: int = DEFAULT_CHUNK,
+def soft_labels(target_logits: torch.Tensor | TopKLogits, draft_ids: torch.Tensor, chunk: int = DEFAULT_CHUNK,
                 temperature: float = 1.0):
     """[b, s, V] target logits (any dtype) -> (p [b, s, dv] fp32 softmax over the draft vocabulary,
     top [b, s] the target's argmax over the FULL vocabulary, as target ids). No [b, s, V] fp32 copy:
     the draft columns are gathered in the logits' own dtype, one sequence chunk at a time.
-    temperature: p = softmax(logits / temperature) (the argmax does not depend on it)."""
+    temperature: p = softmax(logits / temperature) (the argmax does not depend on it).
+    A TopKLogits (the cached top-K logits, features.label_topk) gives `topk_soft_labels`."""
+    if isinstance(target_logits, TopKLogits):
+        return topk_soft_labels(target_logits, draft_ids, temperature)
     b, s, _ = target_logits.shape
     p = torch.empty(b, s, len(draft_ids), dtype=torch.float32, device=target_logits.device)
     top = torch.empty(b, s, dtype=torch.long, device=target_logits.device)
@@ -46,7 +56,22 @@ def soft_labels(target_logits: torch.Tensor, draft_ids: torch.Tensor, chunk: int
     return p, top
 
 
-def gathered_soft_labels(target_logits: torch.Tensor, positions: torch.Tensor, draft_ids: torch.Tensor,
+@torch.no_grad()
+def topk_soft_labels(top_k: TopKLogits, draft_ids: torch.Tensor, temperature: float = 1.0):
+    """The labels from the target's top-K logits: p [b, s, dv] fp32 = softmax(values / temperature) over the
+    K entries the draft vocabulary holds (0 on every other draft id; a position none of whose K entries it
+    holds gets p = 0 and its argmax no draft id, so it teaches nothing), top [b, s] = ids[..., 0], the
+    target's argmax. With K = V these are soft_labels' dense labels (up to the float16 of the values)."""
+    index = draft_index_of(draft_ids, top_k.vocab_size)[top_k.ids]  # [b, s, K] draft id of each entry, -1 outside
+    kept = index >= 0
+    logits = top_k.values.float() if temperature == 1.0 else top_k.values.float() / temperature
+    w = torch.softmax(logits.masked_fill(~kept, float("-inf")), dim=-1).nan_to_num(0.0)  # [b, s, K]; no entry kept: 0
+    p = torch.zeros(*index.shape[:-1], len(draft_ids), dtype=torch.float32, device=index.device)
+    p.scatter_add_(-1, index.clamp_min(0), w)  # [b, s, K] -> [b, s, dv]; entries outside add 0 to draft id 0
+    return p, top_k.ids[..., 0].long()
+
+
+def gathered_soft_labels(target_logits: torch.Tensor | TopKLogits, positions: torch.Tensor, draft_ids: torch.Tensor,
                          chunk: int = DEFAULT_CHUNK):
     """Soft labels at chosen positions (block drafters: DFlash, DSpark, P-EAGLE): [b, s, V] target logits
     (any dtype), positions [b, Q] (may repeat) -> (p [b, Q, dv] fp32, top [b, Q] full-vocabulary argmax).

@@ -126,7 +126,8 @@ def load_data(cfg, target, drafter_cls, options, ctx=None, api_key_env: str | No
         from draftsmith.data import feature_cache
 
         layers = drafter_cls.feature_layers_for(options, target)
-        rows = feature_cache.open(cfg.features.cache_dir, target, layers, drafter_cls.required_features)
+        rows = feature_cache.open(cfg.features.cache_dir, target, layers, drafter_cls.required_features,
+                                  cfg.features.label_topk)  # label_topk: rows carry the top-K logits
         n_train = len(rows) - cfg.data.eval_samples  # the cache holds train rows first, then heldout rows
         train_set, heldout = rows.subset(0, n_train), rows.subset(n_train, len(rows))
         return train_set, heldout, data.token_counts(train_set, target.vocab_size)

@@ -40,7 +40,7 @@ def _regenerated(tmp_path, prompts):
 def _replay(tmp_path, prompts, packed, **rc):
     cfg = RegenerateConfig(generator="answers", answers_file=str(packed), max_new_tokens=16, **rc)
     out = tmp_path / "replayed" / "answers.jsonl"
-    summary = regenerate.regenerate([prompts], shipped_answers.AnswersGenerator(cfg), str(out), log=lambda *_: None)
+    summary = regenerate.regenerate([prompts], regenerate.AnswersGenerator(cfg), str(out), log=lambda *_: None)
     return summary, out
 
 
@@ -145,7 +145,7 @@ def test_the_shipped_smollm2_answers_answer_every_prompt_of_the_recipe(tmp_path,
     subprocess.run([sys.executable, str(REPO / "scripts" / "build_regen_prompts.py"), "--scale", "2.5",
                     "--data-dir", str(SHARED / "data"), "--out", str(prompts)], check=True, capture_output=True)
     rc = cfg.regenerate
-    answers = shipped_answers.AnswersGenerator(
+    answers = regenerate.AnswersGenerator(
         RegenerateConfig(generator="answers", answers_file=str(REPO / rc.answers_file),
                          max_new_tokens=rc.max_new_tokens, temperature=rc.temperature))
     summary = regenerate.regenerate(cfg.data.path, answers, str(tmp_path / "answers.jsonl"), limit=rc.limit,
