@@ -13,7 +13,7 @@ from tests.conftest import REPO
 tomllib = pytest.importorskip("tomllib")
 
 # Distributions whose import name differs from their normalized distribution name.
-IMPORT_NAME = {"pyyaml": "yaml"}
+IMPORT_NAME = {"pyyaml": "yaml", "pillow": "PIL"}
 # Declared distributions that draftsmith reaches only through another package's module: that
 # module must really be imported (the test checks), or the dependency is dead.
 REACHED_THROUGH = {"tensorboard": "torch.utils.tensorboard"}

@@ -106,7 +106,7 @@ def test_each_prompt_is_timed_repeatedly_and_the_median_kept(monkeypatch):
     latencies = iter([5.0, 1.0, 3.0, 9.0, 2.0, 4.0])  # base, spec, base, spec, base, spec
     calls = []
 
-    def fake_run(target, proposer, ids, k, s, sampling, seed):
+    def fake_run(target, proposer, ids, k, s, sampling, seed, media=None):
         calls.append(k)
         return _gen(3, latency=next(latencies), ttft=0.1)
 

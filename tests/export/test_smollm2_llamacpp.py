@@ -61,6 +61,7 @@ def trained(kind: str, out) -> str:
         recipe = out / "dflash-smollm2.yaml"
         recipe.write_text(yaml.safe_dump({**raw, "drafter": DFLASH}))
     cfg = config.load(recipe, [f"data.path=[{data}]", "regenerate.output=null", "data.eval_samples=0", "features.mode=online", "features.cache_dir=null",
+                               "features.label_topk=null",
                                "train.max_steps=2", "train.batch_size=2", "train.eval_every=0", "train.save_every=0",
                                f"train.output_dir={out}/run", "logging.progress_bar=false", "train.precision=fp32"])
     return train(cfg).final_checkpoint
