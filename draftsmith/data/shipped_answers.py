@@ -45,7 +45,8 @@ def history_key(history: list[dict]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _decompress(path: Path) -> str:
+def _decompress(path: Path) -> tuple[str, str]:
+    """(the decompressed text, the SHA-256 of the file as received)."""
     data = read_received_bytes(path, "answers file", MAX_FILE_BYTES)
     out = io.BytesIO()
     try:
@@ -58,15 +59,17 @@ def _decompress(path: Path) -> str:
     except (OSError, EOFError) as exc:
         raise UserError(f"{path}: not a complete gzip file ({exc}); fetch the answers file again") from None
     try:
-        return out.getvalue().decode("utf-8")
+        return out.getvalue().decode("utf-8"), hashlib.sha256(data).hexdigest()
     except UnicodeDecodeError as exc:
         raise UserError(f"{path}: not UTF-8 text at byte {exc.start}; the answers file is damaged") from None
 
 
-def read_answers(path: str | Path) -> tuple[dict, dict[str, str]]:
-    """(header, {key: answer}) of an answers file; anything else is one line naming the file and line."""
+def read_answers(path: str | Path) -> tuple[dict, dict[str, str], str]:
+    """(header, {key: answer}, the file's SHA-256) of an answers file; anything else is one line naming the file
+    and line."""
     path = Path(path)
-    lines = _decompress(path).splitlines()
+    text, sha256 = _decompress(path)
+    lines = text.splitlines()
     if not lines:
         raise UserError(f"{path}: empty; the answers file needs its header line")
     rows = []
@@ -94,7 +97,7 @@ def read_answers(path: str | Path) -> tuple[dict, dict[str, str]]:
     if header.get("answers") != len(answers):
         raise UserError(f"{path}: the header counts {header.get('answers')} answers but the file holds "
                         f"{len(answers)}; it was cut short or edited: fetch it again")
-    return header, answers
+    return header, answers, sha256
 
 
 class AnswersFile:
@@ -108,14 +111,13 @@ class AnswersFile:
         self.path = Path(rcfg.answers_file)
         if not self.path.exists():
             raise UserError(f"regenerate.answers_file {self.path}: no such file")
-        self.header, self.answers = read_answers(self.path)
+        self.header, self.answers, self.file_sha256 = read_answers(self.path)
         made = self.header.get("answered_by") or {}
         for name in MATCHED_SETTINGS:
             if name in made and made[name] != getattr(rcfg, name):
                 raise UserError(f"regenerate.{name} is {getattr(rcfg, name)!r} but {self.path}'s answers were "
                                 f"generated with {made[name]!r}: set regenerate.{name}={made[name]!r}, or "
                                 "regenerate with another generator")
-        self.file_sha256 = hashlib.sha256(self.path.read_bytes()).hexdigest()
         self.missing = (f"no answer in {self.path.name} for this prompt (it is not one the file was made from, or "
                         "its text changed); regenerate it with regenerate.generator=openai or local")
 
