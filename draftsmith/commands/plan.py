@@ -5,6 +5,7 @@ tokens and hours a tau goal needs (draftsmith/report/learning_curve.py has the m
     draftsmith plan runs/eagle3-stories260k
     draftsmith plan runs/eagle3-stories260k --goal-tau 2.5 --k 3
     draftsmith plan runs/NAME --upto-tokens 250000      # fit the first part of a run only
+    draftsmith plan runs/NAME --plot curve.png           # the points, the fitted curves and their bands
 
 The speedup column needs costs: RUN/speedup_profile.json or RUN/final/speedup_profile.json
 (`draftsmith profile RUN/final`), read at batch 1 for its first workload.
@@ -25,6 +26,8 @@ def add_arguments(p) -> None:
     p.add_argument("--upto-tokens", type=float, default=None,
                    help="fit only the evaluations at or below this many tokens seen, and print the fit's prediction "
                         "against the run's last evaluation (to check a prediction)")
+    p.add_argument("--plot", type=Path, default=None, metavar="PNG",
+                   help="also draw the held-out points and each position's fitted curve with its band to this PNG")
 
 
 def main(args) -> int:
@@ -33,6 +36,8 @@ def main(args) -> int:
     run = Path(args.run)
     if args.k is not None:
         check_draft_tokens(args.k, "--k")
+    if args.plot is not None and args.plot.suffix.lower() != ".png":
+        raise UserError(f"--plot {args.plot}: the picture is a PNG; give a path ending in .png")
     if args.goal_tau is not None and not args.goal_tau >= 1:
         raise UserError(f"--goal-tau {args.goal_tau}: must be >= 1 (tau counts the committed tokens per round)")
     points, speed = lc.read_points(run)
@@ -48,6 +53,11 @@ def main(args) -> int:
     print(lc.report(plan))
     for line in lc.check_lines(plan, later):
         print(line)
+    if args.plot is not None:
+        from draftsmith.report import plots
+
+        goal = plan.goal_tokens if plan.goal_tokens and plan.goal_tokens < 100 * points[-1].tokens else None
+        print(f"picture: {plots.learning_curve(plan, later, args.plot, f'{run.name}: held-out acceptance', goal)}")
     return 0
 
 

@@ -83,8 +83,10 @@ class Eagle3Drafter(Drafter):
         # (in training's TTT unroll and in the loop's KV cache alike); null: full attention.
         sliding_window: Optional[int] = None
         # The attention residual is the normed hidden state instead of the raw one (speculators'
-        # norm_before_residual; vLLM reads it, SGLang and TensorRT-LLM cannot run it). No measured gain,
-        # so off: every engine can serve the default.
+        # norm_before_residual; vLLM and llama.cpp read it, SGLang and TensorRT-LLM cannot run it). No gain
+        # on stories260K; on SmolLM2-135M acc_1/acc_2 +0.05/+0.07 at equal tokens (docs/benchmarks.md
+        # "Learn-fast on SmolLM2"), so recipes/cpu/eagle3-smollm2-135m.yaml turns it on. Off by default:
+        # every engine can serve the default.
         norm_before_residual: bool = False
         # EAGLE 3.1: one RMSNorm per aux layer before fc (the target's layers differ in scale).
         fc_norm: bool = False

@@ -220,6 +220,36 @@ def training_curve(log_path: Path, path: Path, title: str) -> Path:
     return _save(fig, path)
 
 
+def learning_curve(plan, later: list, path: Path, title: str, until: float | None = None) -> Path:
+    """`draftsmith plan --plot`: held-out acc_i against training tokens (log axis), each position's fitted
+    curve with its 10-90 % bootstrap band out to `until` tokens (default 2x the last fitted point), and
+    the evaluations the fit did not see (`--upto-tokens`) as open markers."""
+    now = plan.points[-1].tokens
+    until = max(until or 2 * now, now, *(p.tokens for p in later))
+    first = max(min(p.tokens for p in plan.points), 1.0)
+    xs = [first * (until / first) ** (j / 60) for j in range(61)]
+    fig = Figure(figsize=(6.4, 4.2), dpi=DPI, layout="constrained")
+    ax = fig.subplots()
+    colors = _colors([f"acc_{i}" for i in range(len(plan.curves))])
+    for i, curve in enumerate(plan.curves):
+        color = colors[f"acc_{i}"]
+        ax.plot([p.tokens for p in plan.points], [p.acc[i] for p in plan.points], "o", color=color, ms=4,
+                label=f"acc_{i} held-out")
+        ax.plot(xs, [curve.at(x) for x in xs], "-", color=color, lw=1.2)
+        band = [curve.interval(x) for x in xs]
+        ax.fill_between(xs, [b[0] for b in band], [b[1] for b in band], color=color, alpha=0.15, lw=0)
+        seen = [p for p in later if i < len(p.acc)]
+        if seen:
+            ax.plot([p.tokens for p in seen], [p.acc[i] for p in seen], "o", mfc="none", color=color, ms=5,
+                    label=f"acc_{i} not fitted")
+    ax.axvline(now, color="grey", lw=0.8, ls=":")
+    ax.set_xscale("log")
+    ax.set(title=title, xlabel="training tokens seen", ylabel="held-out accuracy", ylim=(0, 1.0))
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+
 def acceptance_vs_context(rows: list[Row], path: Path, title: str) -> Path | None:
     """tau per context bin (eval/bins.py: prompt + output position at the round's start), one line per
     drafter, a panel per workload; None when no row has more than one context bin."""

@@ -88,6 +88,9 @@ def test_two_steps_export_quantized_and_serve_identically(kind, smollm2, tools, 
     reader = GGUFReader(str(draft))
     types = {t.name: t.tensor_type.name for t in reader.tensors}
     assert tensor_type in types.values(), types  # the converter (q8_0) or llama-quantize (q4_0) wrote that type
+    if kind == "eagle3":  # the recipe's norm_before_residual reaches llama.cpp's graph (src/models/eagle3.cpp)
+        fields = {name: f.contents() for name, f in reader.fields.items()}
+        assert fields.get("eagle3.norm_before_residual") is True, {k: v for k, v in fields.items() if "eagle3." in k}
     if kind == "dflash":  # the trained mask token, aux layers and block survive taking the Q4_1 file's tokenizer
         from draftsmith.checkpoint import load_drafter
         from draftsmith.export.llamacpp.block import gguf_block_problems
@@ -103,3 +106,22 @@ def test_two_steps_export_quantized_and_serve_identically(kind, smollm2, tools, 
             with_draft, without = spec.complete(list(ids), 32), base.complete(list(ids), 32)
             assert with_draft["tokens"] == without["tokens"]  # greedy: the draft never changes the output
             assert with_draft["timings"].get("draft_n", 0) > 0  # and it did draft
+
+
+def test_requantize_script_writes_the_type_asked_and_refuses_others(smollm2, tools, tmp_path):
+    """scripts/requantize_smollm2.sh (issue 41's Q4_0 target): the Q4_1 file requantized by llama-quantize,
+    every quantized tensor now Q4_0, the file renamed into place; an unknown type is refused (exit 2)."""
+    import subprocess
+
+    from gguf import GGUFReader
+
+    script = REPO / "scripts" / "requantize_smollm2.sh"
+    bad = subprocess.run(["bash", str(script), "Q3_K", str(tmp_path)], capture_output=True, text=True)
+    assert bad.returncode == 2 and "Q3_K" in bad.stderr and not list(tmp_path.iterdir())
+    done = subprocess.run(["bash", str(script), "Q4_0", str(tmp_path)], capture_output=True, text=True, check=True)
+    out = tmp_path / "SmolLM2-135M-Instruct.Q4_0.gguf"
+    assert done.stdout.strip().splitlines()[-1] == str(out)
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no temporary file left
+    kinds = {t.tensor_type.name for t in GGUFReader(str(out)).tensors}
+    source = {t.tensor_type.name for t in GGUFReader(str(smollm2)).tensors}
+    assert "Q4_1" in source and "Q4_0" in kinds and "Q4_1" not in kinds, (source, kinds)
