@@ -19,7 +19,7 @@ Curve, fitted per position i (x = tokens seen, in millions):
      (a saturating power law: a is where the curve flattens). Point j weighs (x_j / x_last) ** 2: the
      first evaluations fall in the start-up of training (a random layer, the warm-up), which follows no
      power law, and the fit is for extrapolating. Measured (docs/benchmarks.md "plan's curve forms"):
-     predicting the end of 18 runs from their first third, within 0.03 on 16 weighted, 13 unweighted;
+     predicting the end of 22 runs from their first third, within 0.03 on 19 weighted, 16 unweighted;
   2. uncertainty: a residual bootstrap (the fitted curve plus resampled residuals, refitted 200
      times); a prediction's interval is the 10th to 90th percentile of the refits.
   The last position's curve serves positions beyond the logged ones (marked extrapolated, as in
