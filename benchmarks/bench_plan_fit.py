@@ -3,7 +3,7 @@ curve fitted to the held-out evaluations in the first --fraction of the run's to
 the fewest plan fits) is read at the run's last evaluation and compared with what was measured there, once per
 point-weight power (report/learning_curve.WEIGHT_POWER: 0 = every evaluation alike, 2 = plan's weighting).
 
-    python benchmarks/bench_plan_fit.py runs/levers/* runs/exp/* --fraction 0.334 --powers 0 1 2
+    python benchmarks/bench_plan_fit.py runs/levers/base runs/levers/anchors_0.25 --fraction 0.334 --powers 0 1 2
 
 Prints one row per run (errors = predicted - measured) and, per power, how many land within --within.
 """
@@ -25,13 +25,8 @@ def predicted_end(points: list, fraction: float, power: int) -> tuple[float, int
     first = [p for p in points if p.tokens <= fraction * end.tokens + 1]
     if len(first) < lc.MIN_POINTS:
         first = points[:lc.MIN_POINTS]
-    saved = lc.WEIGHT_POWER
-    lc.WEIGHT_POWER = power
-    try:
-        a, b, c, _ = lc._fit_once([p.tokens for p in first], [p.acc[0] for p in first])
-    finally:
-        lc.WEIGHT_POWER = saved
-    return lc._value(a, b, c, end.tokens), len(first)
+    curve = lc.fit([p.tokens for p in first], [p.acc[0] for p in first], bootstrap=0, power=power)
+    return curve.at(end.tokens), len(first)
 
 
 def main() -> int:

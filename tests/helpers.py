@@ -2,8 +2,13 @@
 
     from tests.helpers import batch_for
     batch = batch_for(target, drafter)            # the drafter's own features and layers
+    bench = load_repo_module("benchmarks/bench_peers.py")   # a script of the repository, as a module
 """
 from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
 
 import torch
 
@@ -44,3 +49,14 @@ def reply_json(handler, obj, status: int = 200) -> None:
     handler.send_header("Content-Length", str(len(payload)))
     handler.end_headers()
     handler.wfile.write(payload)
+
+
+def load_repo_module(relative: str):
+    """A script of the repository (benchmarks/X.py, scripts/X.py) imported as module X, registered in
+    sys.modules under that name (dataclasses and pickling look their module up there)."""
+    path = Path(__file__).resolve().parents[1] / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from tests.conftest import REPO
+from tests.helpers import load_repo_module
 
 PKG = REPO / "draftsmith"
 
@@ -63,12 +64,7 @@ def test_no_import_cycles_between_subpackages():
 
 def _graph_tool():
     """scripts/import_graph.py: the file-level import graph (imports inside functions included)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("import_graph", REPO / "scripts" / "import_graph.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_repo_module("scripts/import_graph.py")
 
 
 def command_modules() -> set[str]:

@@ -149,28 +149,29 @@ def _number(v) -> bool:
 
 
 # ------------------------------------------------------------------ fitting
-def fit(xs: list[float], ys: list[float], bootstrap: int = BOOTSTRAP, seed: int = 0) -> Curve:
+def fit(xs: list[float], ys: list[float], bootstrap: int = BOOTSTRAP, seed: int = 0,
+        power: float = WEIGHT_POWER) -> Curve:
     """The saturating power law of the module docstring through (tokens, acc) points."""
-    a, b, c, rmse = _fit_once(xs, ys)
+    a, b, c, rmse = _fit_once(xs, ys, power)
     rng = random.Random(seed)
     fitted = [_value(a, b, c, x) for x in xs]
     residuals = [y - f for y, f in zip(ys, fitted)]
     boot = []
     for _ in range(bootstrap):  # 2.
         ys_b = [f + rng.choice(residuals) for f in fitted]
-        boot.append(_fit_once(xs, ys_b)[:3])
+        boot.append(_fit_once(xs, ys_b, power)[:3])
     return Curve(a, b, c, rmse, tuple(boot))
 
 
-def point_weights(xs: list[float]) -> list[float]:
-    """1.'s weight of each point: (tokens / the last point's tokens) ** WEIGHT_POWER."""
+def point_weights(xs: list[float], power: float = WEIGHT_POWER) -> list[float]:
+    """1.'s weight of each point: (tokens / the last point's tokens) ** power (0: every point alike)."""
     last = max(max(xs), 1.0)
-    return [(max(x, 1.0) / last) ** WEIGHT_POWER for x in xs]
+    return [(max(x, 1.0) / last) ** power for x in xs]
 
 
-def _fit_once(xs: list[float], ys: list[float]) -> tuple[float, float, float, float]:
+def _fit_once(xs: list[float], ys: list[float], power: float = WEIGHT_POWER) -> tuple[float, float, float, float]:
     """(a, b, c, weighted rms error) of 1."""
-    w = point_weights(xs)
+    w = point_weights(xs, power)
     best = None
     for c in C_GRID:  # 1.
         u = [-(max(x, 1.0) / 1e6) ** (-c) for x in xs]  # y = a + b * u

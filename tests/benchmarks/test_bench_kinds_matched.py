@@ -2,23 +2,18 @@
 trainable parameters are within 25 % of EAGLE-3's at its recipe (the table calls them matched)."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import STORIES, shared_path
+from tests.helpers import load_repo_module
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_repo_module(f"benchmarks/{name}.py")
 
 
 @pytest.mark.shared

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,17 +12,14 @@ import torch
 from torch import nn
 
 from tests.conftest import STORIES, shared_path
+from tests.helpers import load_repo_module
 
 REPO = Path(__file__).resolve().parents[2]
 HAS_SPECULATORS = importlib.util.find_spec("speculators") is not None
 
 
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_peer_recipe", REPO / "benchmarks" / "bench_peer_recipe.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_peer_recipe"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_repo_module("benchmarks/bench_peer_recipe.py")
 
 
 class Replay(nn.Module):

@@ -4,23 +4,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.conftest import STORIES, shared_path
+from tests.helpers import load_repo_module
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_peers", REPO / "benchmarks" / "bench_peers.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_peers"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_repo_module("benchmarks/bench_peers.py")
 
 
 def test_walk_rounds_by_hand():

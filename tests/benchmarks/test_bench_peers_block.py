@@ -17,6 +17,7 @@ from draftsmith.heads.dspark import DSparkDrafter
 from draftsmith.testing import tiny_target
 from tests.conftest import STORIES, shared_path
 from tests.heads.test_block_loop_consistency import Recording, as_batch
+from tests.helpers import load_repo_module
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,11 +26,7 @@ def bench():
     sys.path.insert(0, str(REPO / "benchmarks"))
     for name in ("bench_peers", "bench_peers_block"):  # fresh: bench_peers reads DRAFTSMITH_SHARED at import
         sys.modules.pop(name, None)
-    spec = importlib.util.spec_from_file_location("bench_peers_block", REPO / "benchmarks" / "bench_peers_block.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_peers_block"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_repo_module("benchmarks/bench_peers_block.py")
 
 
 def test_position_acceptance_by_hand():

@@ -1,11 +1,10 @@
 """benchmarks/bench_plan_fit.py: per run, the acc_0 fit of the first third read at the run's last evaluation,
-per point-weight power, and the count within the tolerance; plan's own WEIGHT_POWER is left as it was."""
+per point-weight power, and the count within the tolerance."""
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from draftsmith.report import learning_curve as lc
 from tests.conftest import REPO
 from tests.report.test_learning_curve import synthetic_log
 
@@ -24,4 +23,3 @@ def test_prints_each_runs_error_per_power_and_the_count_within(tmp_path):
     assert all(float(c.strip()) > 0.3 for c in rows[str(bent)].split("|")[4:6])
     assert "power 0: 1 of 2 within 0.03 power 2: 1 of 2 within 0.03" in out
     assert "5 (to 1.000M)" in rows[str(exact)]  # steps 20..100 of 320 (1e4 tokens a step): the first third
-    assert lc.WEIGHT_POWER == 2

@@ -2,21 +2,15 @@
 computes today's loss (so the benchmark compares equal work)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_train_scale.py"
+from tests.helpers import load_repo_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_train_scale", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_repo_module("benchmarks/bench_train_scale.py")
 
 
 @pytest.mark.parametrize("path", ["today", "new", "lean"])

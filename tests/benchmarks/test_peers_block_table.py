@@ -2,20 +2,18 @@
 files with other settings stay apart, the per-seed ratio pairs the same seed, and a seed listed twice stops."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import load_repo_module
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def table():
-    spec = importlib.util.spec_from_file_location("peers_block_table", REPO / "benchmarks" / "peers_block_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_repo_module("benchmarks/peers_block_table.py")
 
 
 def write(path: Path, overrides: list[str], runs: list[dict]) -> Path:

@@ -3,17 +3,14 @@ not a test: CI runs only this), its --set overrides reach the drafter, and it re
 lies in the loop's range with lossless outputs."""
 from __future__ import annotations
 
-import importlib.util
 import json
 
-from tests.conftest import REPO, STORIES, shared_path
+from tests.conftest import STORIES, shared_path
+from tests.helpers import load_repo_module
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_medusa", REPO / "benchmarks" / "bench_medusa.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_repo_module("benchmarks/bench_medusa.py")
 
 
 def test_bench_medusa_smoke(tmp_path, capsys):

@@ -4,19 +4,15 @@ speedup against it is the per-prompt ratio of the two measured token rates, and 
 per-kind results files are written."""
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import load_repo_module
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_real_target", REPO / "benchmarks" / "bench_real_target.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_repo_module("benchmarks/bench_real_target.py")
 
 
 def test_split_checkpoint_reads_a_trailing_k():

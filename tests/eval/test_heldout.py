@@ -4,11 +4,11 @@ scripts/build_regen_prompts.py): the first N of every workload, wherever a copy 
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 
 from draftsmith.eval import heldout, workloads
+from tests.helpers import load_repo_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,10 +53,7 @@ def _data_dir(tmp_path: Path) -> Path:
 
 
 def _builder():
-    spec = importlib.util.spec_from_file_location("build_regen_prompts", ROOT / "scripts" / "build_regen_prompts.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_repo_module("scripts/build_regen_prompts.py")
 
 
 def test_eval_prompt_texts_are_what_eval_takes(tmp_path):

@@ -64,12 +64,7 @@ def test_late_evaluations_weigh_more_so_the_start_up_does_not_bend_the_predictio
     tokens, measured = STORIES_END
     assert lc.point_weights(xs)[-1] == 1.0 and lc.point_weights(xs)[0] == pytest.approx((14550 / 130721) ** 2)
     weighted = lc.fit(xs, ys, bootstrap=0).at(tokens)
-    saved = lc.WEIGHT_POWER
-    lc.WEIGHT_POWER = 0
-    try:
-        unweighted = lc.fit(xs, ys, bootstrap=0).at(tokens)
-    finally:
-        lc.WEIGHT_POWER = saved
+    unweighted = lc.fit(xs, ys, bootstrap=0, power=0).at(tokens)
     assert abs(weighted - measured) < 0.015 and abs(unweighted - measured) > 0.03, (weighted, unweighted, measured)
 
 
