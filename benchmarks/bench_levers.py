@@ -7,6 +7,12 @@ the evaluations in the first third of the tokens (report/learning_curve.py).
     OMP_NUM_THREADS=1 python benchmarks/bench_levers.py --regenerated runs/learnfast/regenerated.jsonl
     python benchmarks/bench_levers.py --levers base anchors_0.25 --steps 30     # smoke run
 
+--text-agreement CACHE reads a top-K feature cache (features.label_topk) and says how far its answers stand from
+the target that built it (docs/training.md "On-policy rounds"): the share of answer positions whose next token is
+the cached target argmax, how many answers stay on that greedy path to their end, and where the others leave it.
+
+    python benchmarks/bench_levers.py --text-agreement runs/smollm2-regen128/features-top20
+
 A lever whose run directory already holds a final checkpoint is not retrained (delete it to redo it).
 
 --step-cost times one training step (EAGLE-3 forward_loss + backward, batch 8 x 160 tokens of the
@@ -227,6 +233,39 @@ def coverage(args) -> None:
         print(f"| {dv} | {float(counts[t2d].sum() / counts.sum()):.4f} | {float(held[t2d].sum() / held.sum()):.4f} |")
 
 
+def text_agreement(rows) -> dict:
+    """rows: items with input_ids [s], loss_mask [s] and label_topk_ids [s, K] (the cache's). The target's argmax at
+    position j (label_topk_ids[j, 0]) against the text's token j + 1, at every answer position (loss_mask[j + 1]):
+    the share that agree, the answers that agree at all their positions, and, for the others, the answer-token
+    index (0-based, among its answer positions) of the first disagreement."""
+    agree = total = whole = 0
+    first_miss = []
+    for item in rows:
+        answer = item["loss_mask"][1:].bool()
+        same = (item["label_topk_ids"][:-1, 0].long() == item["input_ids"][1:].long())[answer]
+        agree, total = agree + int(same.sum()), total + same.numel()
+        if bool(same.all()):
+            whole += 1
+        else:
+            first_miss.append(int((~same).nonzero()[0]))
+    return {"answer_tokens": total, "argmax_agreement": agree / max(total, 1), "rows": whole + len(first_miss),
+            "rows_on_the_greedy_path": whole,
+            "first_departure_quartiles": statistics.quantiles(first_miss, n=4) if len(first_miss) > 1 else first_miss}
+
+
+def text_agreement_of_cache(cache_dir: str) -> None:
+    from draftsmith.data import feature_cache, feature_manifest
+
+    root = Path(cache_dir)
+    manifest = feature_manifest.read_manifest(root)
+    if manifest is None or manifest.get("label_topk") is None:
+        raise SystemExit(f"{root}: not a feature cache with top-K logits (build one with features.label_topk: K)")
+    # ids are int32: any bound above 2**31 only checks that they are not negative
+    report = text_agreement(feature_cache.CachedDataset(root, manifest, topk_vocab=2 ** 31))
+    print(json.dumps({"cache": str(root), "target": manifest.get("target"),
+                      "build_dtype": sorted({s.get("build_dtype") for s in manifest["shards"]} - {None}), **report}))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--levers", nargs="+", default=list(LEVERS), choices=list(LEVERS))
@@ -245,7 +284,12 @@ def main() -> int:
     ap.add_argument("--length", type=int, default=256, help="--topk-cost: tokens per row")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="--topk-cost: the drafter's autocast")
     ap.add_argument("--sizes", type=int, nargs="+", default=[64, 128, 256, 384, 512])
+    ap.add_argument("--text-agreement", metavar="CACHE", help="a top-K feature cache: its answers against the "
+                    "argmax of the target that built it (no training)")
     args = ap.parse_args()
+    if args.text_agreement:
+        text_agreement_of_cache(args.text_agreement)
+        return 0
     if args.coverage:
         coverage(args)
         return 0

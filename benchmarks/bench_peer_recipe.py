@@ -64,8 +64,10 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from draftsmith import config as config_mod  # noqa: E402
 from draftsmith.core.errors import UserError  # noqa: E402
 from draftsmith.data import features  # noqa: E402
+from draftsmith.data.features import TopKLogits  # noqa: E402
 from draftsmith.heads.eagle3 import Eagle3Drafter  # noqa: E402
 from draftsmith.heads.shared import draft_ids_of  # noqa: E402
+from draftsmith.heads.vocab_loss import topk_soft_labels  # noqa: E402
 
 SMOKE_RECIPE = REPO / "recipes" / "debug" / "eagle3-stories260k.yaml"
 ACC = ("eval_acc_0", "eval_acc_1", "eval_acc_2")
@@ -180,6 +182,23 @@ def speculators_model(settings: dict, drafter, seed: int):
     return model.float()
 
 
+# A label logit speculators' softmax turns into exactly 0 in float32 (exp underflows): a draft id the top-K cache
+# does not hold.
+ABSENT_LOGIT = -1.0e4
+
+
+def peer_label_logits(target_logits, draft_ids: torch.Tensor) -> torch.Tensor:
+    """The batch's labels as the [b, s, dv] float32 logits speculators' softmax reads: the target's logits over the
+    draft vocabulary, or, from a top-K cache (features.label_topk), the log of draftsmith's own top-K soft labels
+    (vocab_loss.topk_soft_labels) with ABSENT_LOGIT where they are 0, so both sides train on the same
+    distribution. A position none of whose K entries the draft vocabulary holds teaches draftsmith nothing; its
+    peer labels are uniform, and draftsmith's measure masks it either way (its argmax is no draft id)."""
+    if isinstance(target_logits, TopKLogits):
+        p, _ = topk_soft_labels(target_logits, draft_ids)
+        return torch.where(p > 0, p.clamp_min(1e-30).log(), torch.full_like(p, ABSENT_LOGIT))
+    return target_logits[..., draft_ids].float()
+
+
 def packed_rows(batch: dict, draft_ids: torch.Tensor, with_labels: bool) -> dict:
     """One padded draftsmith batch -> one packed speculators row, each row shifted as its shift_batch does
     (bench_peers.pack); the label slot carries the target's logits over the draft vocabulary."""
@@ -189,7 +208,7 @@ def packed_rows(batch: dict, draft_ids: torch.Tensor, with_labels: bool) -> dict
     if not torch.equal(batch["attention_mask"], (torch.arange(batch["input_ids"].shape[1])[None] < lengths[:, None]).long()):
         raise RuntimeError("the bench expects right-padded rows (draftsmith's collate)")
     feats = {"aux": batch["aux_hidden_states"].float(),
-             "last_pre": batch["target_logits"][..., draft_ids].float() if with_labels
+             "last_pre": peer_label_logits(batch["target_logits"], draft_ids) if with_labels
              else batch["input_ids"].new_zeros(batch["input_ids"].shape + (1,)).float()}
     packed = pack(batch, feats)
     if not with_labels:

@@ -269,6 +269,7 @@ class Trainer:
                 "scheduler": self.scheduler.state_dict(), "data": self.stream.state_dict(), "rng": rng[0],
                 "rng_per_rank": rng, "world_size": self.ctx.world_size, "backend": self.ctx.backend,
                 "losses": list(self.losses), "lr": self.cfg.train.lr, "tokens_seen": self.tokens_seen,
+                "total_steps": self.total_steps,
                 "grad_scaler": self.scaler.state_dict() if self.scaler is not None else None}
 
     def resume_from(self, path: Path) -> None:
@@ -289,6 +290,7 @@ class Trainer:
         if self.scaler is not None and state.get("grad_scaler"):
             self.scaler.load_state_dict(state["grad_scaler"])
         self._apply_lr(path, state)
+        self._note_schedule_length(path, state)
         self.logger.rewind(self.step)  # metrics.jsonl: drop the steps after the checkpoint (they are redone)
         self.logger.info(f"resumed from {path} at step {self.step}")
 
@@ -306,6 +308,19 @@ class Trainer:
         self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
         self.logger.info(f"train.lr changed from {old:g} (checkpoint {path}) to {lr:g}: applied from step "
                          f"{self.step + 1} (this step's lr {self.optimizer.param_groups[0]['lr']:.3g})")
+
+    def _note_schedule_length(self, path: Path, state: dict) -> None:
+        """A resume with another step count stretches (or squeezes) the warmup/cosine schedule around the step it
+        resumes at, so the lr jumps: say by how much. The step count is not in checkpoints from before it was kept."""
+        saved = state.get("total_steps")
+        if not isinstance(saved, int) or saved == self.total_steps:
+            return
+        tc = self.cfg.train
+        was, now = (tc.lr * lr_lambda(tc, total)(self.step) for total in (saved, self.total_steps))
+        self.logger.info(f"{path} trained on a schedule that ends at step {saved:,}; this run's ends at step "
+                         f"{self.total_steps:,}, so the lr at step {self.step + 1:,} is {now:.3g}, not {was:.3g}. "
+                         "Stretching a finished cosine raises the lr again and trained worse than one schedule over "
+                         "every step (docs/training.md \"Training longer\")")
 
     def save(self, name: str) -> Path | None:
         """Collective: every rank takes part (sharded states are gathered); rank 0 writes the files."""

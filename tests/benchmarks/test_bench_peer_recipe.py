@@ -130,3 +130,25 @@ def test_a_draftsmith_curve_from_other_rows_is_refused(tmp_path, monkeypatch, ca
     assert code == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("bench_peer_recipe:")]
     assert len(err) == 1 and "did not train on the same rows" in err[0]
+
+
+def test_peer_labels_from_a_top_k_cache_are_draftsmiths_soft_labels():
+    """A top-K cache (features.label_topk) gives the peer the distribution draftsmith trains on: with K = V the
+    dense labels' softmax (up to the cache's float16 gaps), with K < V exactly topk_soft_labels' p, 0 on every
+    draft id the K entries miss (it crashed on the TopKLogits tuple before)."""
+    from draftsmith.data.features import TopKLogits, top_logits
+    from draftsmith.heads.vocab_loss import topk_soft_labels
+
+    module = bench()
+    torch.manual_seed(0)
+    vocab, draft_ids = 64, torch.tensor([0, 3, 7, 9, 11, 40])
+    logits = torch.randn(2, 5, vocab) * 3
+    dense = module.peer_label_logits(logits, draft_ids).softmax(-1)
+    full = module.peer_label_logits(TopKLogits(*top_logits(logits, vocab), vocab), draft_ids).softmax(-1)
+    assert torch.allclose(full, dense, atol=2e-3)
+    top3 = TopKLogits(*top_logits(logits, 3), vocab)
+    peer = module.peer_label_logits(top3, draft_ids).softmax(-1)
+    p, _ = topk_soft_labels(top3, draft_ids)
+    held = p.sum(-1) > 0
+    assert held.any() and torch.allclose(peer[held], p[held], atol=1e-6)
+    assert (peer[held][p[held] == 0] == 0).all()

@@ -192,3 +192,22 @@ def test_deepspeed_engine_files_are_checked_before_deepspeed_unpickles_them(tmp_
     with pytest.raises(ValueError, match="mp_rank_00_model_states.pt holds objects other than.*refused"):
         parallel.check_engine_files(tmp_path / "engine")
     assert not marker.exists()
+
+
+def test_a_resume_that_changes_the_step_count_says_how_the_lr_jumps(tiny_run, capsys):
+    cfg = tiny_run("longer", "train.max_steps=4", "train.warmup_steps=1")
+    train(cfg)  # a finished run: its cosine ended at step 4 (lr at lr * min_lr_ratio)
+    out = Path(cfg.train.output_dir)
+    assert torch.load(out / "final" / "trainer_state.pt", weights_only=True)["total_steps"] == 4
+    capsys.readouterr()
+    longer = tiny_run("longer", "train.max_steps=8", "train.warmup_steps=1", f"train.resume={out / 'final'}")
+    train(longer)
+    said = capsys.readouterr().out
+    factor = lr_lambda(longer.train, 8)
+    assert "ends at step 4; this run's ends at step 8" in said
+    assert f"is {longer.train.lr * factor(4):.3g}, not {longer.train.lr * lr_lambda(longer.train, 4)(4):.3g}" in said
+    same = tiny_run("same", "train.max_steps=4", "train.save_every=2")
+    train(same, stop_after=2)
+    capsys.readouterr()
+    train(tiny_run("same", "train.max_steps=4", "train.save_every=2", "train.resume=true"))
+    assert "trained on a schedule" not in capsys.readouterr().out  # same step count: nothing to say
