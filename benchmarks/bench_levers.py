@@ -11,7 +11,7 @@ the evaluations in the first third of the tokens (report/learning_curve.py).
 the target that built it (docs/training.md "On-policy rounds"): the share of answer positions whose next token is
 the cached target argmax, how many answers stay on that greedy path to their end, and where the others leave it.
 
-    python benchmarks/bench_levers.py --text-agreement runs/smollm2-regen128/features-top20
+    python benchmarks/bench_levers.py --text-agreement runs/smollm2-regen128/features-top20 --first-rows 1584
 
 A lever whose run directory already holds a final checkpoint is not retrained (delete it to redo it).
 
@@ -236,12 +236,16 @@ def coverage(args) -> None:
 def text_agreement(rows) -> dict:
     """rows: items with input_ids [s], loss_mask [s] and label_topk_ids [s, K] (the cache's). The target's argmax at
     position j (label_topk_ids[j, 0]) against the text's token j + 1, at every answer position (loss_mask[j + 1]):
-    the share that agree, the answers that agree at all their positions, and, for the others, the answer-token
-    index (0-based, among its answer positions) of the first disagreement."""
-    agree = total = whole = 0
+    the share that agree, the answers that agree at all their positions, and, for the others, the quartiles of the
+    answer-token index (0-based, among the row's answer positions) of the first disagreement. Rows without an
+    answer position are counted apart."""
+    agree = total = whole = empty = 0
     first_miss = []
     for item in rows:
         answer = item["loss_mask"][1:].bool()
+        if not bool(answer.any()):
+            empty += 1
+            continue
         same = (item["label_topk_ids"][:-1, 0].long() == item["input_ids"][1:].long())[answer]
         agree, total = agree + int(same.sum()), total + same.numel()
         if bool(same.all()):
@@ -249,11 +253,11 @@ def text_agreement(rows) -> dict:
         else:
             first_miss.append(int((~same).nonzero()[0]))
     return {"answer_tokens": total, "argmax_agreement": agree / max(total, 1), "rows": whole + len(first_miss),
-            "rows_on_the_greedy_path": whole,
+            "rows_without_answer": empty, "rows_on_the_greedy_path": whole,
             "first_departure_quartiles": statistics.quantiles(first_miss, n=4) if len(first_miss) > 1 else first_miss}
 
 
-def text_agreement_of_cache(cache_dir: str) -> None:
+def text_agreement_of_cache(cache_dir: str, first_rows: int | None = None) -> None:
     from draftsmith.data import feature_cache, feature_manifest
 
     root = Path(cache_dir)
@@ -261,9 +265,12 @@ def text_agreement_of_cache(cache_dir: str) -> None:
     if manifest is None or manifest.get("label_topk") is None:
         raise SystemExit(f"{root}: not a feature cache with top-K logits (build one with features.label_topk: K)")
     # ids are int32: any bound above 2**31 only checks that they are not negative
-    report = text_agreement(feature_cache.CachedDataset(root, manifest, topk_vocab=2 ** 31))
-    print(json.dumps({"cache": str(root), "target": manifest.get("target"),
-                      "build_dtype": sorted({s.get("build_dtype") for s in manifest["shards"]} - {None}), **report}))
+    rows = feature_cache.CachedDataset(root, manifest, topk_vocab=2 ** 31)
+    if first_rows is not None:
+        rows = rows.subset(0, min(first_rows, len(rows)))
+    print(json.dumps({"cache": str(root), "target": manifest.get("target"), "rows_read": len(rows),
+                      "build_dtype": sorted({s.get("build_dtype") for s in manifest["shards"]} - {None}),
+                      **text_agreement(rows)}))
 
 
 def main() -> int:
@@ -286,9 +293,11 @@ def main() -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[64, 128, 256, 384, 512])
     ap.add_argument("--text-agreement", metavar="CACHE", help="a top-K feature cache: its answers against the "
                     "argmax of the target that built it (no training)")
+    ap.add_argument("--first-rows", type=int, help="--text-agreement: only the cache's first N rows (e.g. the "
+                    "training rows, without the held-out ones at the end)")
     args = ap.parse_args()
     if args.text_agreement:
-        text_agreement_of_cache(args.text_agreement)
+        text_agreement_of_cache(args.text_agreement, args.first_rows)
         return 0
     if args.coverage:
         coverage(args)

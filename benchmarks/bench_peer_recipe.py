@@ -187,19 +187,21 @@ def speculators_model(settings: dict, drafter, seed: int):
 ABSENT_LOGIT = -1.0e4
 
 
-def peer_label_logits(target_logits, draft_ids: torch.Tensor) -> torch.Tensor:
+def peer_label_logits(target_logits, draft_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """The batch's labels as the [b, s, dv] float32 logits speculators' softmax reads: the target's logits over the
-    draft vocabulary, or, from a top-K cache (features.label_topk), the log of draftsmith's own top-K soft labels
-    (vocab_loss.topk_soft_labels) with ABSENT_LOGIT where they are 0, so both sides train on the same
-    distribution. A position none of whose K entries the draft vocabulary holds teaches draftsmith nothing; its
-    peer labels are uniform, and draftsmith's measure masks it either way (its argmax is no draft id)."""
+    draft vocabulary divided by drafter.label_temperature, or, from a top-K cache (features.label_topk), the log of
+    draftsmith's own top-K soft labels (vocab_loss.topk_soft_labels, the same temperature) with ABSENT_LOGIT where
+    they are 0, so both sides train on the same distribution. One difference is left: a position none of whose K
+    entries the draft vocabulary holds teaches draftsmith nothing, while the peer's labels there are uniform (the
+    peer masks by input position per TTT step, so it cannot be masked out here). On SmolLM2's recipe (top-20,
+    draft vocabulary 4,096) that is 11 of the 164,571 answer positions."""
     if isinstance(target_logits, TopKLogits):
-        p, _ = topk_soft_labels(target_logits, draft_ids)
+        p, _ = topk_soft_labels(target_logits, draft_ids, temperature)
         return torch.where(p > 0, p.clamp_min(1e-30).log(), torch.full_like(p, ABSENT_LOGIT))
-    return target_logits[..., draft_ids].float()
+    return target_logits[..., draft_ids].float() / temperature
 
 
-def packed_rows(batch: dict, draft_ids: torch.Tensor, with_labels: bool) -> dict:
+def packed_rows(batch: dict, draft_ids: torch.Tensor, with_labels: bool, temperature: float = 1.0) -> dict:
     """One padded draftsmith batch -> one packed speculators row, each row shifted as its shift_batch does
     (bench_peers.pack); the label slot carries the target's logits over the draft vocabulary."""
     from bench_peers import pack
@@ -208,7 +210,7 @@ def packed_rows(batch: dict, draft_ids: torch.Tensor, with_labels: bool) -> dict
     if not torch.equal(batch["attention_mask"], (torch.arange(batch["input_ids"].shape[1])[None] < lengths[:, None]).long()):
         raise RuntimeError("the bench expects right-padded rows (draftsmith's collate)")
     feats = {"aux": batch["aux_hidden_states"].float(),
-             "last_pre": peer_label_logits(batch["target_logits"], draft_ids) if with_labels
+             "last_pre": peer_label_logits(batch["target_logits"], draft_ids, temperature) if with_labels
              else batch["input_ids"].new_zeros(batch["input_ids"].shape + (1,)).float()}
     packed = pack(batch, feats)
     if not with_labels:
@@ -274,7 +276,7 @@ def train_speculators(trainer, model, settings: dict, eval_every: int, log=print
     view = SpeculatorsView(model, trainer.drafter)
     measured = trainer.drafter
     stream = HashedStream(trainer.stream)
-    draft_ids = trainer.drafter.draft_ids()
+    draft_ids, label_temperature = trainer.drafter.draft_ids(), trainer.drafter.cfg.label_temperature
     curve, tokens_seen, train_s, eval_s = [], 0.0, 0.0, 0.0
     model.train()
     for step in range(1, trainer.total_steps + 1):
@@ -284,7 +286,8 @@ def train_speculators(trainer, model, settings: dict, eval_every: int, log=print
             tokens_seen += float(raw["attention_mask"].sum())
             batch = features.complete(trainer.target, move(raw, trainer.ctx.device), trainer.required, trainer.layers)
             with trainer.autocast():
-                _, loss, _ = model(**packed_rows(batch, draft_ids, with_labels=True), ttt_steps=settings["ttt_steps"],
+                rows = packed_rows(batch, draft_ids, with_labels=True, temperature=label_temperature)
+                _, loss, _ = model(**rows, ttt_steps=settings["ttt_steps"],
                                    ttt_step_loss_decay=settings["ttt_step_loss_decay"], loss_config=loss_config)
             (loss / tc.grad_accum).backward()
         torch.nn.utils.clip_grad_norm_(params, tc.max_grad_norm)
@@ -327,7 +330,9 @@ def own_acc_0(trainer, model, settings: dict, loss_config) -> float:
         items = [trainer.heldout[i] for i in range(start, min(len(trainer.heldout), start + size))]
         batch = features.complete(trainer.target, move(collate(items, pad_id), trainer.ctx.device), trainer.required,
                                   trainer.layers)
-        _, _, metrics = model(**packed_rows(batch, trainer.drafter.draft_ids(), with_labels=True), ttt_steps=1,
+        rows = packed_rows(batch, trainer.drafter.draft_ids(), with_labels=True,
+                           temperature=trainer.drafter.cfg.label_temperature)
+        _, _, metrics = model(**rows, ttt_steps=1,
                               ttt_step_loss_decay=settings["ttt_step_loss_decay"], loss_config=loss_config)
         hits, total = hits + float(metrics["full_acc_0_sum"]), total + float(metrics["full_acc_0_total"])
     model.train()

@@ -290,7 +290,7 @@ class Trainer:
         if self.scaler is not None and state.get("grad_scaler"):
             self.scaler.load_state_dict(state["grad_scaler"])
         self._apply_lr(path, state)
-        self._note_schedule_length(path, state)
+        self._apply_schedule_length(path, state)
         self.logger.rewind(self.step)  # metrics.jsonl: drop the steps after the checkpoint (they are redone)
         self.logger.info(f"resumed from {path} at step {self.step}")
 
@@ -309,18 +309,28 @@ class Trainer:
         self.logger.info(f"train.lr changed from {old:g} (checkpoint {path}) to {lr:g}: applied from step "
                          f"{self.step + 1} (this step's lr {self.optimizer.param_groups[0]['lr']:.3g})")
 
-    def _note_schedule_length(self, path: Path, state: dict) -> None:
-        """A resume with another step count stretches (or squeezes) the warmup/cosine schedule around the step it
-        resumes at, so the lr jumps: say by how much. The step count is not in checkpoints from before it was kept."""
+    def _apply_schedule_length(self, path: Path, state: dict) -> None:
+        """A resume with another step count than the checkpoint's puts the warmup/cosine schedule around the resumed
+        step on the new length. The optimizer state brought back the old schedule's lr for the next step: replace it
+        with the new schedule's (as _apply_lr does for a new train.lr), and say how the lr moved. Checkpoints from
+        before the step count was kept say nothing here."""
         saved = state.get("total_steps")
-        if not isinstance(saved, int) or saved == self.total_steps:
+        if not isinstance(saved, int) or saved == self.total_steps or self.step >= self.total_steps:
             return
+        factors = [f(self.scheduler.last_epoch) for f in self.scheduler.lr_lambdas]
+        for group, base, factor in zip(self.optimizer.param_groups, self.scheduler.base_lrs, factors):
+            group["lr"] = base * factor
+        self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
         tc = self.cfg.train
-        was, now = (tc.lr * lr_lambda(tc, total)(self.step) for total in (saved, self.total_steps))
+        was = float(state.get("lr", tc.lr)) * lr_lambda(tc, saved)(self.step)
+        now = self.optimizer.param_groups[0]["lr"]
+        if abs(now - was) <= 1e-3 * max(now, was):  # inside the warm-up: both schedules agree here
+            return
+        how = ("raises the lr again: stretching a finished cosine trained worse than one schedule over every step"
+               if now > was else "lowers the lr")
         self.logger.info(f"{path} trained on a schedule that ends at step {saved:,}; this run's ends at step "
-                         f"{self.total_steps:,}, so the lr at step {self.step + 1:,} is {now:.3g}, not {was:.3g}. "
-                         "Stretching a finished cosine raises the lr again and trained worse than one schedule over "
-                         "every step (docs/training.md \"Training longer\")")
+                         f"{self.total_steps:,}: step {self.step + 1:,} runs at lr {now:.3g}, not {was:.3g}. This "
+                         f"{how} (docs/training.md \"Training longer\")")
 
     def save(self, name: str) -> Path | None:
         """Collective: every rank takes part (sharded states are gathered); rank 0 writes the files."""

@@ -1,6 +1,8 @@
 """benchmarks/bench_levers.py --text-agreement: how far a cache's answers stand from its target's greedy path."""
 from __future__ import annotations
 
+import statistics
+
 import torch
 
 from tests.helpers import load_repo_module
@@ -27,3 +29,9 @@ def test_text_agreement_counts_answer_positions_and_where_each_answer_leaves_the
     assert bench.text_agreement([leaves])["first_departure_quartiles"] == [1]  # the answer's second token
     assert bench.text_agreement([prompt_differs])["first_departure_quartiles"] == [0]
     assert bench.text_agreement([on_path])["first_departure_quartiles"] == []
+    late = row([5, 6, 7, 8, 9, 4, 4], 2, [9, 7, 8, 9, 1, 1, 0])  # leaves at its fourth answer token (index 3)
+    assert bench.text_agreement([leaves, prompt_differs, late])["first_departure_quartiles"] == \
+        statistics.quantiles([1, 0, 3], n=4)
+    no_answer = row([5, 6, 7], 3, [6, 7, 0])  # loss mask all zero: neither on the path nor off it
+    report = bench.text_agreement([on_path, no_answer])
+    assert (report["rows"], report["rows_without_answer"], report["rows_on_the_greedy_path"]) == (1, 1, 1)

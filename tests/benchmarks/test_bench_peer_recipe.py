@@ -135,7 +135,8 @@ def test_a_draftsmith_curve_from_other_rows_is_refused(tmp_path, monkeypatch, ca
 def test_peer_labels_from_a_top_k_cache_are_draftsmiths_soft_labels():
     """A top-K cache (features.label_topk) gives the peer the distribution draftsmith trains on: with K = V the
     dense labels' softmax (up to the cache's float16 gaps), with K < V exactly topk_soft_labels' p, 0 on every
-    draft id the K entries miss (it crashed on the TopKLogits tuple before)."""
+    draft id the K entries miss, at the label temperature; packed_rows takes such a batch (it crashed on the
+    TopKLogits tuple before)."""
     from draftsmith.data.features import TopKLogits, top_logits
     from draftsmith.heads.vocab_loss import topk_soft_labels
 
@@ -146,9 +147,23 @@ def test_peer_labels_from_a_top_k_cache_are_draftsmiths_soft_labels():
     dense = module.peer_label_logits(logits, draft_ids).softmax(-1)
     full = module.peer_label_logits(TopKLogits(*top_logits(logits, vocab), vocab), draft_ids).softmax(-1)
     assert torch.allclose(full, dense, atol=2e-3)
+    assert torch.allclose(module.peer_label_logits(logits, draft_ids, 2.0).softmax(-1),
+                          (logits[..., draft_ids] / 2).softmax(-1))
     top3 = TopKLogits(*top_logits(logits, 3), vocab)
-    peer = module.peer_label_logits(top3, draft_ids).softmax(-1)
-    p, _ = topk_soft_labels(top3, draft_ids)
-    held = p.sum(-1) > 0
-    assert held.any() and torch.allclose(peer[held], p[held], atol=1e-6)
-    assert (peer[held][p[held] == 0] == 0).all()
+    for temperature in (1.0, 2.0):
+        peer = module.peer_label_logits(top3, draft_ids, temperature).softmax(-1)
+        p, _ = topk_soft_labels(top3, draft_ids, temperature)
+        held = p.sum(-1) > 0
+        assert held.any() and (~held).any()
+        assert torch.allclose(peer[held], p[held], atol=1e-6)
+        assert (peer[held][p[held] == 0] == 0).all()
+        assert torch.allclose(peer[~held], torch.full_like(peer[~held], 1 / len(draft_ids)))  # the documented gap
+
+    lengths = torch.tensor([5, 3])
+    mask = (torch.arange(5)[None] < lengths[:, None]).long()
+    batch = {"input_ids": torch.randint(0, vocab, (2, 5)), "attention_mask": mask, "loss_mask": mask.clone(),
+             "aux_hidden_states": torch.randn(2, 5, 12), "target_logits": top3}
+    packed = module.packed_rows(batch, draft_ids, with_labels=True)
+    labels = packed["verifier_last_hidden_states"][0]  # [4 + 2, dv]: each row's positions 1..length-1
+    expected = module.peer_label_logits(top3, draft_ids)
+    assert torch.equal(labels, torch.cat([expected[0, 1:5], expected[1, 1:3]]))

@@ -194,20 +194,26 @@ def test_deepspeed_engine_files_are_checked_before_deepspeed_unpickles_them(tmp_
     assert not marker.exists()
 
 
-def test_a_resume_that_changes_the_step_count_says_how_the_lr_jumps(tiny_run, capsys):
+def test_a_resume_that_changes_the_step_count_runs_the_new_schedule_from_its_first_step(tiny_run, capsys):
     cfg = tiny_run("longer", "train.max_steps=4", "train.warmup_steps=1")
-    train(cfg)  # a finished run: its cosine ended at step 4 (lr at lr * min_lr_ratio)
+    train(cfg)  # a finished run: its cosine ended at step 4 (the lr there is lr * min_lr_ratio)
     out = Path(cfg.train.output_dir)
     assert torch.load(out / "final" / "trainer_state.pt", weights_only=True)["total_steps"] == 4
-    capsys.readouterr()
     longer = tiny_run("longer", "train.max_steps=8", "train.warmup_steps=1", f"train.resume={out / 'final'}")
-    train(longer)
+    new, old = lr_lambda(longer.train, 8), lr_lambda(longer.train, 4)
+    trainer = Trainer(longer)
+    trainer.resume_from(trainer.resume_path)
+    # step 5 runs at the 8-step schedule's lr, not at the finished schedule's floor the optimizer state held
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(longer.train.lr * new(4))
+    assert longer.train.lr * new(4) > 2 * longer.train.lr * old(4)
     said = capsys.readouterr().out
-    factor = lr_lambda(longer.train, 8)
-    assert "ends at step 4; this run's ends at step 8" in said
-    assert f"is {longer.train.lr * factor(4):.3g}, not {longer.train.lr * lr_lambda(longer.train, 4)(4):.3g}" in said
+    assert "resumed from" in said and "ends at step 4; this run's ends at step 8" in said
+    assert "raises the lr again" in said
+    trainer.release()
+
     same = tiny_run("same", "train.max_steps=4", "train.save_every=2")
     train(same, stop_after=2)
     capsys.readouterr()
     train(tiny_run("same", "train.max_steps=4", "train.save_every=2", "train.resume=true"))
-    assert "trained on a schedule" not in capsys.readouterr().out  # same step count: nothing to say
+    said = capsys.readouterr().out
+    assert "resumed from" in said and "trained on a schedule" not in said  # same step count: nothing to say
