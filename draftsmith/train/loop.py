@@ -302,12 +302,19 @@ class Trainer:
         if all(abs(b - lr) <= 1e-12 * max(1.0, abs(lr)) for b in self.scheduler.base_lrs):
             return
         self.scheduler.base_lrs = [lr for _ in self.scheduler.base_lrs]
-        factors = [f(self.scheduler.last_epoch) for f in self.scheduler.lr_lambdas]
-        for group, factor in zip(self.optimizer.param_groups, factors):
-            group["initial_lr"], group["lr"] = lr, lr * factor
-        self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+        for group in self.optimizer.param_groups:
+            group["initial_lr"] = lr
+        self._lr_from_schedule()
         self.logger.info(f"train.lr changed from {old:g} (checkpoint {path}) to {lr:g}: applied from step "
                          f"{self.step + 1} (this step's lr {self.optimizer.param_groups[0]['lr']:.3g})")
+
+    def _lr_from_schedule(self) -> None:
+        """Set each group's lr to this run's schedule at the resumed step (the optimizer state holds the
+        checkpoint's, which a changed train.lr or step count makes stale)."""
+        factors = [f(self.scheduler.last_epoch) for f in self.scheduler.lr_lambdas]
+        for group, base, factor in zip(self.optimizer.param_groups, self.scheduler.base_lrs, factors):
+            group["lr"] = base * factor
+        self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
     def _apply_schedule_length(self, path: Path, state: dict) -> None:
         """A resume with another step count than the checkpoint's puts the warmup/cosine schedule around the resumed
@@ -317,10 +324,7 @@ class Trainer:
         saved = state.get("total_steps")
         if not isinstance(saved, int) or saved == self.total_steps or self.step >= self.total_steps:
             return
-        factors = [f(self.scheduler.last_epoch) for f in self.scheduler.lr_lambdas]
-        for group, base, factor in zip(self.optimizer.param_groups, self.scheduler.base_lrs, factors):
-            group["lr"] = base * factor
-        self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+        self._lr_from_schedule()
         tc = self.cfg.train
         was = float(state.get("lr", tc.lr)) * lr_lambda(tc, saved)(self.step)
         now = self.optimizer.param_groups[0]["lr"]
