@@ -266,7 +266,7 @@ def train_speculators(trainer, model, settings: dict, eval_every: int, log=print
     on_point(curve): called after each evaluation (the bench writes its partial results there)."""
     from speculators.losses import resolve_loss_config
 
-    from draftsmith.train.loop import lr_lambda, move
+    from draftsmith.train.loop import lr_lambda, move, with_prompt_loss
 
     tc = trainer.cfg.train
     params = [p for p in model.parameters() if p.requires_grad]
@@ -285,6 +285,8 @@ def train_speculators(trainer, model, settings: dict, eval_every: int, log=print
             raw = next(stream)
             tokens_seen += float(raw["attention_mask"].sum())
             batch = features.complete(trainer.target, move(raw, trainer.ctx.device), trainer.required, trainer.layers)
+            if tc.loss_on_prompt:  # the recipe's train.loss_on_prompt, as draftsmith's Trainer applies it
+                batch = with_prompt_loss(batch)
             with trainer.autocast():
                 rows = packed_rows(batch, draft_ids, with_labels=True, temperature=label_temperature)
                 _, loss, _ = model(**rows, ttt_steps=settings["ttt_steps"],

@@ -138,6 +138,11 @@ class TrainConfig:
     resume: Union[bool, str] = False
     # Warm start: load drafter weights only from a checkpoint directory or a `draftsmith export` directory.
     init_from: Optional[str] = None
+    # Train on every position's target label, the prompt's too, not only the answer's (the rows' loss_mask):
+    # the target's own next-token distribution over a user's words teaches the same map from its hidden states
+    # to its choice. Held-out evaluation stays on the answer positions. Only kinds whose labels are the target's
+    # logits (those that take features.label_topk). docs/training.md "Learn-fast levers".
+    loss_on_prompt: bool = False
     backend: Literal["single", "ddp", "fsdp2", "deepspeed"] = "single"
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     # The frozen target: a full copy on every rank, or its decoder layers sharded with FSDP2
@@ -492,6 +497,7 @@ def _semantic_checks(cfg: RecipeConfig) -> list[str]:
         problems.append("features.source: vllm reads a folder of vLLM hidden-states files: set features.mode: offline "
                         "and features.dir: DIR")
     problems.extend(_label_topk_checks(cfg))
+    problems.extend(_loss_on_prompt_checks(cfg))
     if cfg.data.max_length < 8:
         problems.append("data.max_length: must be >= 8 tokens")
     if cfg.data.pack_length is not None and cfg.data.pack_length < cfg.data.max_length:
@@ -513,6 +519,18 @@ def _label_topk_checks(cfg: RecipeConfig) -> list[str]:
     if cfg.drafter.kind in DRAFTERS.names() and not DRAFTERS.get(cfg.drafter.kind).takes_topk_labels:
         return [f"features.label_topk: drafter kind {cfg.drafter.kind} reads the target's full logits, not only soft "
                 "labels over the draft vocabulary; remove features.label_topk for it"]
+    return []
+
+
+def _loss_on_prompt_checks(cfg: RecipeConfig) -> list[str]:
+    """train.loss_on_prompt: a kind whose every label is the target's (a prompt's own tokens are no label)."""
+    if not cfg.train.loss_on_prompt:
+        return []
+    from draftsmith.heads import DRAFTERS  # local import: heads import torch
+
+    if cfg.drafter.kind in DRAFTERS.names() and not DRAFTERS.get(cfg.drafter.kind).takes_topk_labels:
+        return [f"train.loss_on_prompt: drafter kind {cfg.drafter.kind} does not learn from the target's logits alone, "
+                "so a prompt position has no label for it; remove train.loss_on_prompt"]
     return []
 
 

@@ -103,7 +103,8 @@ class Eagle3Drafter(Drafter):
         # Start of the draft decoder layer: "random" (init_std), or "target": copied from target layer
         # aux_layer_ids[-1] (the layer whose input the last aux feature is) with fc starting as a selector
         # of that last aux feature, so the drafter starts as that target layer run on its own input
-        # (heads/layer_warm_start.py says how the 2h-wide q/k/v start: see layer_init_embed_half).
+        # (heads/layer_warm_start.py says how the 2h-wide q/k/v start: see layer_init_embed_half); the final norm
+        # in front of lm_head takes the target's final norm's scale.
         layer_init: Literal["random", "target"] = "random"
         # layer_init=target: the embedding half of q/k/v starts at "zeros" or as a "copy" of the target's.
         layer_init_embed_half: Literal["zeros", "copy"] = "zeros"
@@ -213,6 +214,7 @@ class Eagle3Drafter(Drafter):
             warm.copy_layer(drafter.midlayer, drafter.midlayer.hidden_norm, drafter.midlayer.input_layernorm, source,
                             cfg.layer_init_embed_half, f"target layer {layer_id}")
             warm.select_last(drafter.fc, len(aux))
+            warm.copy_final_norm(drafter.norm, target)
         return drafter.to(device=target.device)
 
     @classmethod

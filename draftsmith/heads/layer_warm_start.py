@@ -9,6 +9,11 @@ target layer's weights as follows:
   - o_proj, the MLP (gate/up/down) and post_attention_layernorm: copied;
   - the target's input_layernorm weight: copied into both norms in front of the attention
     (hidden_norm and input_layernorm).
+The drafter's final norm (in front of its lm_head, which starts as the target's rows) takes the scale of the
+target's final norm (`copy_final_norm`): with the target's lm_head behind it, only the target's own scale
+turns a target-like state into the target's logits.
+A layer with norms the draft layer does not run (Qwen3's and Gemma 3's q_norm / k_norm, Gemma's sandwich
+norms around the MLP) is refused: its copy would not compute what that layer computes.
 The target layer must have the draft layer's shape (drafter.num_heads / num_kv_heads / head_dim /
 intermediate_size left at the target's); otherwise one line says which option to drop.
 """
@@ -46,6 +51,11 @@ def copy_layer(draft_layer: nn.Module, hidden_norm: nn.Module, input_norm: nn.Mo
         if name not in src:
             raise UserError(f"drafter.layer_init=target: {where} has no {name} (not a Llama-style layer); "
                             "use drafter.layer_init=random")
+    extra_norms = sorted(k for k in src if "norm" in k and k not in ("input_layernorm.weight", *COPIED))
+    if extra_norms:
+        raise UserError(f"drafter.layer_init=target: {where} also runs {', '.join(extra_norms)}, which the draft layer "
+                        "does not have, so a copy would not compute what that layer computes; use "
+                        "drafter.layer_init=random")
     for name in COPIED:
         if dst[name].shape != src[name].shape:
             raise UserError(f"drafter.layer_init=target: {where}'s {name} is {tuple(src[name].shape)}, the draft layer's "
@@ -64,6 +74,20 @@ def copy_layer(draft_layer: nn.Module, hidden_norm: nn.Module, input_norm: nn.Mo
     norm = src["input_layernorm.weight"]
     hidden_norm.weight.copy_(norm.to(hidden_norm.weight.dtype))
     input_norm.weight.copy_(norm.to(input_norm.weight.dtype))
+
+
+@torch.no_grad()
+def copy_final_norm(draft_norm: nn.Module, target) -> None:
+    """The drafter's final RMSNorm takes the per-channel scale of the target's final norm, read off the module
+    itself (a constant input comes out as its scale; a large one, so eps does not show), so a norm that stores 1 + w (Gemma) copies right too."""
+    source = getattr(target.model.get_decoder(), "norm", None)
+    if source is None or "RMSNorm" not in type(source).__name__:
+        raise UserError(f"drafter.layer_init=target: {target.name}'s final norm is "
+                        f"{type(source).__name__ if source is not None else 'missing'}, not an RMSNorm the drafter's "
+                        "norm can copy; use drafter.layer_init=random")
+    weight, held = draft_norm.weight, next(source.parameters())
+    constant = torch.full((1, weight.shape[0]), 1e3, dtype=held.dtype, device=held.device)
+    weight.copy_(source(constant).reshape(-1).to(weight))  # RMSNorm(c * 1) = scale, whatever c
 
 
 @torch.no_grad()

@@ -90,6 +90,11 @@ def grad_scaler_for(train_cfg, device: torch.device):
     return torch.amp.GradScaler(device.type)
 
 
+def with_prompt_loss(batch: dict) -> dict:
+    """train.loss_on_prompt: the batch with every real position in its loss mask (the prompt's target labels too)."""
+    return {**batch, "loss_mask": batch["attention_mask"].to(batch["loss_mask"].dtype)}
+
+
 def pool_metrics(parts: list[tuple[dict, dict, float]]) -> dict[str, tuple[float, float]]:
     """[(metrics, weights, num_tokens)] -> {key: (sum of value * weight, sum of weight)}."""
     pooled: dict[str, tuple[float, float]] = {}
@@ -374,6 +379,8 @@ class Trainer:
             seen_tokens += int(raw["attention_mask"].sum())  # counted on the host, before the copy
             batch = move(raw, self.ctx.device)
             batch = features.complete(self.target, batch, self.required, self.layers)
+            if tc.loss_on_prompt:
+                batch = with_prompt_loss(batch)
             t1 = time.perf_counter()
             with self.ctx.accumulate(last=micro == tc.grad_accum - 1):  # ranks sync gradients on the last only
                 with self.autocast():

@@ -34,6 +34,45 @@ def test_a_warm_started_draft_layer_is_the_target_layer_at_step_0():
         assert close is same, (init, (state[0] - hidden[3][0, :9]).abs().max())
 
 
+def test_a_warm_start_from_the_last_layer_gives_the_targets_own_logits_at_step_0():
+    """aux[-1] = the last layer: the step-0 state is the target's last pre-norm state, and with the target's final
+    norm scale in front of the copied lm_head the drafter's logits are the target's own (no draft vocabulary)."""
+    target = tiny_target(num_layers=4, hidden=32)
+    with torch.no_grad():  # a final norm far from its ones start, so a drafter that kept ones would differ
+        target.model.get_decoder().norm.weight.uniform_(0.5, 2.5)
+    d = drafter_for(target, aux_layer_ids=[0, 1, 3], layer_init="target")
+    batch = batch_for(target, d, b=2, s=10)
+    with torch.no_grad():
+        logits = target.forward(batch["input_ids"], batch["attention_mask"]).logits
+        step0 = next(d.unroll(batch, steps=1))[1]  # [b, 9, V]
+    assert torch.allclose(d.norm.weight, target.model.get_decoder().norm.weight, atol=1e-5)
+    assert torch.allclose(step0[0], logits[0, :9], atol=1e-4), (step0[0] - logits[0, :9]).abs().max()  # row 0: unpadded
+
+
+def test_the_final_norm_scale_is_read_off_the_module_so_a_one_plus_w_norm_copies_right():
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+
+    from draftsmith.heads import layer_warm_start as warm
+
+    target = tiny_target(num_layers=2, hidden=32)
+    gemma_norm = Gemma3RMSNorm(32)  # computes x * (1 + w)
+    with torch.no_grad():
+        gemma_norm.weight.uniform_(-0.5, 0.5)
+    target.model.get_decoder().norm = gemma_norm
+    d = drafter_for(target, aux_layer_ids=[0, 1], layer_init="random")
+    warm.copy_final_norm(d.norm, target)
+    assert torch.allclose(d.norm.weight, 1 + gemma_norm.weight, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3-text", "gemma2"])
+def test_a_layer_with_norms_the_draft_layer_lacks_is_refused_by_name(arch):
+    from draftsmith.core.errors import UserError
+    from draftsmith.testing import arch_target
+
+    with pytest.raises(UserError, match=r"norm.*layer_init=random"):
+        drafter_for(arch_target(arch), layer_init="target")
+
+
 def test_the_embedding_half_starts_at_zeros_or_as_a_copy():
     target = tiny_target(num_layers=4, hidden=32)
     source = target.model.get_decoder().layers[2].self_attn.q_proj.weight

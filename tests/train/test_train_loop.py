@@ -87,3 +87,36 @@ def test_checkpoint_for_another_target_is_refused(tiny_run):
     result = train(cfg)
     with pytest.raises(ValueError, match="was trained for target .* fingerprint"):
         ckpt_io.load_drafter(result.final_checkpoint, target=tiny_target(num_layers=4, hidden=32, seed=1))
+
+
+def _recording_loss_masks(trainer) -> list:
+    """Wrap the trainer's drafter call so each batch's loss_mask and attention_mask are kept."""
+    seen, call = [], trainer.model.forward
+
+    def forward(batch):
+        seen.append((batch["loss_mask"].clone(), batch["attention_mask"].clone()))
+        return call(batch)
+
+    trainer.model.forward = forward
+    return seen
+
+
+def test_loss_on_prompt_trains_every_real_position_and_evaluates_on_the_answers(tiny_run):
+    for on in (False, True):
+        trainer = Trainer(tiny_run(f"lop-{on}", f"train.loss_on_prompt={str(on).lower()}"))
+        seen = _recording_loss_masks(trainer)
+        trainer._train_step()
+        loss_mask, attention = seen[-1]
+        assert bool((loss_mask != attention).any()) is not on  # the prompt positions: trained only with the option
+        assert bool((loss_mask <= attention).all())
+        trainer.evaluate()
+        held_loss, held_attention = seen[-1]
+        assert bool((held_loss < held_attention).any())  # held out: the answers' mask, either way
+
+
+def test_loss_on_prompt_is_refused_for_a_kind_without_target_labels_by_key():
+    raw = {"target": {"path": "t"}, "data": {"path": ["d.jsonl"]}, "drafter": {"kind": "medusa"},
+           "train": {"loss_on_prompt": True}}
+    with pytest.raises(config.ConfigError, match="train.loss_on_prompt: drafter kind medusa"):
+        config.from_dict(raw)
+    config.from_dict({**raw, "drafter": {"kind": "eagle3"}})  # a kind that learns from the target's logits
