@@ -285,8 +285,9 @@ def train_speculators(trainer, model, settings: dict, eval_every: int, log=print
             raw = next(stream)
             tokens_seen += float(raw["attention_mask"].sum())
             batch = features.complete(trainer.target, move(raw, trainer.ctx.device), trainer.required, trainer.layers)
-            if tc.loss_on_prompt:  # the recipe's train.loss_on_prompt, as draftsmith's Trainer applies it
-                batch = with_prompt_loss(batch)
+            if tc.loss_on_prompt:  # the recipe's train.loss_on_prompt, as draftsmith's Trainer applies it; and as the
+                batch = with_prompt_loss(batch)  # rows are packed end to end, where speculators' step t reads labels t on,
+                batch["loss_mask"][1:, 1 : settings["ttt_steps"]] = 0  # a row's first labels go (else the row before's)
             with trainer.autocast():
                 rows = packed_rows(batch, draft_ids, with_labels=True, temperature=label_temperature)
                 _, loss, _ = model(**rows, ttt_steps=settings["ttt_steps"],

@@ -528,9 +528,15 @@ def _loss_on_prompt_checks(cfg: RecipeConfig) -> list[str]:
         return []
     from draftsmith.heads import DRAFTERS  # local import: heads import torch
 
-    if cfg.drafter.kind in DRAFTERS.names() and not DRAFTERS.get(cfg.drafter.kind).takes_topk_labels:
+    if cfg.drafter.kind not in DRAFTERS.names():
+        return []
+    kind = DRAFTERS.get(cfg.drafter.kind)
+    if not kind.takes_topk_labels:
         return [f"train.loss_on_prompt: drafter kind {cfg.drafter.kind} does not learn from the target's logits alone, "
                 "so a prompt position has no label for it; remove train.loss_on_prompt"]
+    if cfg.data.pack_length and kind.labels_cross_packed_documents:
+        return [f"train.loss_on_prompt: drafter kind {cfg.drafter.kind}'s labels run past the end of a packed document, "
+                "into the next one's prompt; unset data.pack_length or train.loss_on_prompt"]
     return []
 
 

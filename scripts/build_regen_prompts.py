@@ -86,6 +86,14 @@ def build(data_dir: Path, holdout: int, caps: dict[str, int], max_chars: int) ->
     return rows, counts
 
 
+def without_rows_of(rows: list[dict], spec: str) -> list[dict]:
+    """rows minus those whose messages the first N rows of FILE hold (spec "FILE:N", or "FILE" for all)."""
+    path, _, n = spec.rpartition(":") if spec.rpartition(":")[2].isdigit() else (spec, "", "")
+    held = _jsonl(Path(path))[: int(n) if n else None]
+    taken = {json.dumps(r["messages"], sort_keys=True) for r in held}
+    return [r for r in rows if json.dumps(r["messages"], sort_keys=True) not in taken]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", type=Path, default=workloads.default_data_dir())
@@ -93,9 +101,14 @@ def main(argv=None) -> int:
     p.add_argument("--holdout", type=int, default=20, help="evaluation prompts held out per workload (first N)")
     p.add_argument("--max-chars", type=int, default=1200, help="skip prompts longer than this (characters)")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every per-source cap")
+    p.add_argument("--minus", metavar="FILE[:N]", default=None,
+                   help="leave out the prompts that the first N rows of FILE (every row without :N) already hold: "
+                        "the rows a larger --scale adds to a recipe's, to be answered and put in front of them")
     args = p.parse_args(argv)
     caps = {k: int(v * args.scale) for k, v in DEFAULT_CAPS.items()}
     rows, counts = build(args.data_dir, args.holdout, caps, args.max_chars)
+    if args.minus:
+        rows = without_rows_of(rows, args.minus)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(args.out.name + ".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")

@@ -42,3 +42,4 @@ def check_for_training(target, kind: str, options=None) -> None:
                          + f" (see `draftsmith inspect {target.path}`)")
     if options is not None:
         DRAFTERS.get(kind).feature_layers_for(options, target)  # raises one line naming drafter.aux_layer_ids
+        DRAFTERS.get(kind).check_training_start(options, target)  # the kind's own start (a warm start's source)

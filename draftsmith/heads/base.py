@@ -149,6 +149,9 @@ class Drafter(nn.Module):
     # so the offline cache's top-K logits can stand in for them (features.label_topk; config refuses the option
     # for any other kind).
     takes_topk_labels: ClassVar[bool] = False
+    # Its TTT labels run past the end of a packed document (data.pack_length): only train.loss_on_prompt asks it,
+    # and refuses packing for such a kind (without it a packed document's next prompt is no label, so nothing leaks).
+    labels_cross_packed_documents: ClassVar[bool] = False
 
     @classmethod
     def refusals(cls, config) -> list[str]:
@@ -206,6 +209,12 @@ class Drafter(nn.Module):
         """Build from the frozen target; token_counts [V] (target-token frequencies of the
         training data) lets a drafter choose a reduced draft vocabulary."""
         raise NotImplementedError
+
+    @classmethod
+    def check_training_start(cls, cfg, target) -> None:
+        """Raise UserError (one line naming the option) where this kind cannot START training with options `cfg` on
+        `target` (EAGLE-3's layer_init=target from a layer it cannot copy). Asked before any data is read, never when
+        a trained drafter is loaded. Default: nothing to check."""
 
     @classmethod
     def feature_layers_for(cls, cfg, target) -> list[int]:

@@ -209,7 +209,7 @@ class Eagle3Drafter(Drafter):
         if cfg.layer_init == "target":
             from draftsmith.heads import layer_warm_start as warm
 
-            layer_id = min(aux[-1], target.num_layers - 1)
+            layer_id = warm_start_layer(aux, target)
             source = warm.target_layer(target, layer_id)
             warm.copy_layer(drafter.midlayer, drafter.midlayer.hidden_norm, drafter.midlayer.input_layernorm, source,
                             cfg.layer_init_embed_half, f"target layer {layer_id}")
@@ -220,6 +220,15 @@ class Eagle3Drafter(Drafter):
     @classmethod
     def feature_layers_for(cls, cfg, target) -> list[int]:
         return resolve_aux_layer_ids(cfg.aux_layer_ids, target.num_layers)
+
+    @classmethod
+    def check_training_start(cls, cfg, target) -> None:
+        if cfg.layer_init == "target":
+            from draftsmith.heads import layer_warm_start as warm
+
+            layer_id = warm_start_layer(resolve_aux_layer_ids(cfg.aux_layer_ids, target.num_layers), target)
+            warm.check_layer(warm.target_layer(target, layer_id), f"target layer {layer_id}")
+            warm.check_final_norm(target)
 
     def draft_ids(self) -> torch.Tensor:
         """[dv] target ids of the draft vocabulary."""
@@ -349,6 +358,11 @@ class Eagle3Drafter(Drafter):
     # ------------------------------------------------------------------ inference
     def make_proposer(self, target) -> "Eagle3Proposer":
         return Eagle3Proposer(self, target)
+
+
+def warm_start_layer(aux: list[int], target) -> int:
+    """The target layer layer_init=target copies: the one whose input the last aux feature is."""
+    return min(aux[-1], target.num_layers - 1)
 
 
 def sample_anchors(n: int, fraction: Optional[float], device) -> Optional[torch.Tensor]:

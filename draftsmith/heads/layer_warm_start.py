@@ -41,21 +41,56 @@ def target_layer(target, layer_id: int) -> nn.Module:
     return layers[layer_id]
 
 
+LLAMA_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight")
+
+
+def check_layer(source: nn.Module, where: str) -> None:
+    """Training's check (heads.check_for_training, before any data is read): `source` is a layer the draft layer
+    can start as. Loading a trained drafter does not ask it: its own weights replace the copy."""
+    src = source.state_dict()
+    for name in (*COPIED, *SPLIT, "input_layernorm.weight"):
+        if name not in src:
+            raise UserError(f"drafter.layer_init=target: {where} has no {name} (not a Llama-style layer); "
+                            "use drafter.layer_init=random")
+    extra_norms = sorted(k for k in src if "norm" in k and k not in LLAMA_NORMS)
+    if extra_norms:
+        raise UserError(f"drafter.layer_init=target: {where} also runs {', '.join(extra_norms)}, which the draft layer "
+                        "does not have, so a copy would not compute what that layer computes; use "
+                        "drafter.layer_init=random")
+    for name in ("input_layernorm", "post_attention_layernorm"):
+        _check_rms_norm(getattr(source, name, None), f"{where}'s {name}")
+
+
+def check_final_norm(target) -> None:
+    """Training's check: the target's final norm is an RMSNorm with a weight, whose scale the drafter's can take."""
+    _check_rms_norm(getattr(target.model.get_decoder(), "norm", None), f"{target.name}'s final norm")
+
+
+def _check_rms_norm(norm: nn.Module | None, what: str) -> None:
+    if norm is None or "RMSNorm" not in type(norm).__name__ or getattr(norm, "weight", None) is None:
+        raise UserError(f"drafter.layer_init=target: {what} is {type(norm).__name__ if norm is not None else 'missing'}, "
+                        "not an RMSNorm with a weight that the drafter's norms can copy; use drafter.layer_init=random")
+
+
+def norm_scale(norm: nn.Module, width: int) -> torch.Tensor:
+    """[width] fp32: the per-channel scale an RMSNorm applies, read off the module itself (a constant input comes
+    out as its scale; a large one, so eps does not show), so a norm that stores 1 + w (Gemma) reads right too."""
+    held = norm.weight
+    constant = torch.full((1, width), 1e3, dtype=torch.float32, device=held.device)
+    return norm(constant).reshape(-1).float()
+
+
 @torch.no_grad()
 def copy_layer(draft_layer: nn.Module, hidden_norm: nn.Module, input_norm: nn.Module, source: nn.Module,
                embed_half: str, where: str) -> None:
-    """Copy `source` (a target decoder layer) into a 2h-input draft layer as the module docstring says."""
+    """Copy `source` (a target decoder layer that passed check_layer) into a 2h-input draft layer as the module
+    docstring says; the norms by their scale (norm_scale)."""
     src = source.state_dict()
     dst = draft_layer.state_dict()
     for name in (*COPIED, *SPLIT, "input_layernorm.weight"):
         if name not in src:
             raise UserError(f"drafter.layer_init=target: {where} has no {name} (not a Llama-style layer); "
                             "use drafter.layer_init=random")
-    extra_norms = sorted(k for k in src if "norm" in k and k not in ("input_layernorm.weight", *COPIED))
-    if extra_norms:
-        raise UserError(f"drafter.layer_init=target: {where} also runs {', '.join(extra_norms)}, which the draft layer "
-                        "does not have, so a copy would not compute what that layer computes; use "
-                        "drafter.layer_init=random")
     for name in COPIED:
         if dst[name].shape != src[name].shape:
             raise UserError(f"drafter.layer_init=target: {where}'s {name} is {tuple(src[name].shape)}, the draft layer's "
@@ -71,23 +106,26 @@ def copy_layer(draft_layer: nn.Module, hidden_norm: nn.Module, input_norm: nn.Mo
         copy = src[name].to(w.dtype)
         w[:, h:].copy_(copy)
         w[:, :h].copy_(copy if embed_half == "copy" else torch.zeros_like(copy))
-    norm = src["input_layernorm.weight"]
-    hidden_norm.weight.copy_(norm.to(hidden_norm.weight.dtype))
-    input_norm.weight.copy_(norm.to(input_norm.weight.dtype))
+    h = hidden_norm.weight.shape[0]
+    for target_norm, draft_norms in (("input_layernorm", (hidden_norm, input_norm)),
+                                     ("post_attention_layernorm", (draft_layer.post_attention_layernorm,))):
+        module = getattr(source, target_norm, None)
+        if module is None or getattr(module, "weight", None) is None:
+            continue  # a layer check_layer refuses; a trained drafter's load replaces these weights anyway
+        scale = norm_scale(module, h)
+        for norm in draft_norms:
+            norm.weight.copy_(scale.to(norm.weight))
 
 
 @torch.no_grad()
 def copy_final_norm(draft_norm: nn.Module, target) -> None:
-    """The drafter's final RMSNorm takes the per-channel scale of the target's final norm, read off the module
-    itself (a constant input comes out as its scale; a large one, so eps does not show), so a norm that stores 1 + w (Gemma) copies right too."""
+    """The drafter's final RMSNorm takes the scale of the target's final norm (norm_scale). A target whose final
+    norm check_final_norm refuses keeps the drafter's start (only a load gets here with one: its weights follow)."""
     source = getattr(target.model.get_decoder(), "norm", None)
-    if source is None or "RMSNorm" not in type(source).__name__:
-        raise UserError(f"drafter.layer_init=target: {target.name}'s final norm is "
-                        f"{type(source).__name__ if source is not None else 'missing'}, not an RMSNorm the drafter's "
-                        "norm can copy; use drafter.layer_init=random")
-    weight, held = draft_norm.weight, next(source.parameters())
-    constant = torch.full((1, weight.shape[0]), 1e3, dtype=held.dtype, device=held.device)
-    weight.copy_(source(constant).reshape(-1).to(weight))  # RMSNorm(c * 1) = scale, whatever c
+    if source is None or getattr(source, "weight", None) is None:
+        return
+    weight = draft_norm.weight
+    weight.copy_(norm_scale(source, weight.shape[0]).to(weight))
 
 
 @torch.no_grad()

@@ -50,6 +50,7 @@ class PEagleDrafter(Drafter):
     uses_draft_rope = True
     tiny_options = {"num_depths": 3}
     takes_topk_labels = True  # target_logits only through vocab_loss (gathered_soft_labels): features.label_topk
+    labels_cross_packed_documents = True  # its depth labels take no document mask (train.loss_on_prompt refuses packing)
     required_features = frozenset({"input_ids", "attention_mask", "loss_mask", "aux_hidden_states", "target_logits"})
 
     @dataclass

@@ -92,7 +92,7 @@ def grad_scaler_for(train_cfg, device: torch.device):
 
 def with_prompt_loss(batch: dict) -> dict:
     """train.loss_on_prompt: the batch with every real position in its loss mask (the prompt's target labels too)."""
-    return {**batch, "loss_mask": batch["attention_mask"].to(batch["loss_mask"].dtype)}
+    return {**batch, "loss_mask": batch["attention_mask"].to(batch["loss_mask"].dtype, copy=True)}
 
 
 def pool_metrics(parts: list[tuple[dict, dict, float]]) -> dict[str, tuple[float, float]]:
@@ -155,6 +155,9 @@ def load_data(cfg, target, drafter_cls, options, ctx=None, api_key_env: str | No
     if train_set.media is not None and cfg.data.pack_length:
         raise UserError("data.pack_length packs several rows into one, and this data has rows with images (a row's "
                         "images go with its own sequence): unset data.pack_length")
+    if train_set.media is not None and cfg.train.loss_on_prompt:
+        raise UserError("train.loss_on_prompt trains every position of a row, and this data has rows with images, whose "
+                        "image tokens carry no label: unset train.loss_on_prompt")
     if ctx is None or ctx.is_main:
         print(report.summary(), flush=True)
     if len(train_set) == 0:

@@ -82,3 +82,15 @@ def test_build_drops_every_eval_prompt_and_its_copies(tmp_path):
     assert counts["lima"][1] == 1
     lengths = [len(heldout.user_text(r)) for r in rows]
     assert lengths == sorted(lengths)  # shortest first: a regeneration batch pads little
+
+
+def test_minus_leaves_out_what_the_first_rows_of_a_smaller_build_hold(tmp_path):
+    d = _data_dir(tmp_path)
+    builder = _builder()
+    caps = {s: 100 for s in ("humaneval", "gsm8k", "mt_bench", "vicuna_bench", "alpaca", "spec_bench", "lima", "dpo")}
+    rows, _ = builder.build(d, holdout=2, caps=caps, max_chars=1000)
+    smaller = tmp_path / "smaller.jsonl"
+    _write_jsonl(smaller, rows[:5])
+    rest = builder.without_rows_of(rows, f"{smaller}:3")
+    assert rest == rows[3:]  # the first 3 rows of the file are left out, its rows 4-5 are not
+    assert builder.without_rows_of(rows, str(smaller)) == rows[5:]  # no :N, every row of the file

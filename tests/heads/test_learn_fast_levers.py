@@ -49,28 +49,52 @@ def test_a_warm_start_from_the_last_layer_gives_the_targets_own_logits_at_step_0
     assert torch.allclose(step0[0], logits[0, :9], atol=1e-4), (step0[0] - logits[0, :9]).abs().max()  # row 0: unpadded
 
 
-def test_the_final_norm_scale_is_read_off_the_module_so_a_one_plus_w_norm_copies_right():
+def test_norm_scales_are_read_off_the_modules_so_a_one_plus_w_norm_copies_right():
+    """Gemma's RMSNorm computes x * (1 + w): the final norm and the layer's norms copy as 1 + w, not w."""
     from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 
-    from draftsmith.heads import layer_warm_start as warm
-
     target = tiny_target(num_layers=2, hidden=32)
-    gemma_norm = Gemma3RMSNorm(32)  # computes x * (1 + w)
-    with torch.no_grad():
-        gemma_norm.weight.uniform_(-0.5, 0.5)
-    target.model.get_decoder().norm = gemma_norm
-    d = drafter_for(target, aux_layer_ids=[0, 1], layer_init="random")
-    warm.copy_final_norm(d.norm, target)
-    assert torch.allclose(d.norm.weight, 1 + gemma_norm.weight, atol=1e-5)
+    decoder = target.model.get_decoder()
+    norms = {}
+    for name, owner, attr in (("final", decoder, "norm"), ("input", decoder.layers[1], "input_layernorm"),
+                              ("post", decoder.layers[1], "post_attention_layernorm")):
+        norms[name] = Gemma3RMSNorm(32)
+        with torch.no_grad():
+            norms[name].weight.uniform_(-0.5, 0.5)
+        setattr(owner, attr, norms[name])
+    d = drafter_for(target, aux_layer_ids=[0, 1], layer_init="target")
+    assert torch.allclose(d.norm.weight, 1 + norms["final"].weight, atol=1e-5)
+    assert torch.allclose(d.midlayer.hidden_norm.weight, 1 + norms["input"].weight, atol=1e-5)
+    assert torch.allclose(d.midlayer.input_layernorm.weight, 1 + norms["input"].weight, atol=1e-5)
+    assert torch.allclose(d.midlayer.post_attention_layernorm.weight, 1 + norms["post"].weight, atol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3-text", "gemma2"])
-def test_a_layer_with_norms_the_draft_layer_lacks_is_refused_by_name(arch):
+def test_training_refuses_a_warm_start_from_a_layer_with_norms_the_draft_layer_lacks(arch):
+    """Refused by `train` before any data (check_for_training), by name; a drafter already trained that way still
+    loads (from_target copies what it can, and the checkpoint's weights replace it)."""
     from draftsmith.core.errors import UserError
+    from draftsmith.heads import check_for_training
     from draftsmith.testing import arch_target
 
-    with pytest.raises(UserError, match=r"norm.*layer_init=random"):
-        drafter_for(arch_target(arch), layer_init="target")
+    target = arch_target(arch)
+    options = Eagle3Drafter.Config(ttt_steps=2, layer_init="target")
+    with pytest.raises(UserError, match=r"also runs .*(q_norm|feedforward_layernorm).*layer_init=random"):
+        check_for_training(target, "eagle3", options)
+    check_for_training(target, "eagle3", Eagle3Drafter.Config(ttt_steps=2))  # layer_init random: fine
+    Eagle3Drafter.from_target(options, target)  # the load path: no refusal
+
+
+@pytest.mark.parametrize("arch", ["llama3", "qwen2.5", "mistral"])
+def test_llama_style_layers_still_warm_start(arch):
+    from draftsmith.heads import check_for_training
+    from draftsmith.testing import arch_target
+
+    target = arch_target(arch)
+    options = Eagle3Drafter.Config(ttt_steps=2, layer_init="target")
+    check_for_training(target, "eagle3", options)
+    d = Eagle3Drafter.from_target(options, target)
+    assert torch.allclose(d.norm.weight, target.model.get_decoder().norm.weight.float(), atol=1e-5)
 
 
 def test_the_embedding_half_starts_at_zeros_or_as_a_copy():

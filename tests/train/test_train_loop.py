@@ -120,3 +120,7 @@ def test_loss_on_prompt_is_refused_for_a_kind_without_target_labels_by_key():
     with pytest.raises(config.ConfigError, match="train.loss_on_prompt: drafter kind medusa"):
         config.from_dict(raw)
     config.from_dict({**raw, "drafter": {"kind": "eagle3"}})  # a kind that learns from the target's logits
+    packed = {**raw, "data": {"path": ["d.jsonl"], "pack_length": 2048}}
+    config.from_dict({**packed, "drafter": {"kind": "eagle3"}})  # its labels stay in their document
+    with pytest.raises(config.ConfigError, match="train.loss_on_prompt: drafter kind peagle.*data.pack_length"):
+        config.from_dict({**packed, "drafter": {"kind": "peagle"}})

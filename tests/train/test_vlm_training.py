@@ -116,3 +116,15 @@ def test_vllm_format_hidden_states_of_image_rows(tmp_path):
     result = Trainer(cfg, target).run(stop_after=2)  # the spot check recomputes one row and compares it
     assert len(result.losses) == 2 and all(math.isfinite(x) for x in result.losses)
     assert sum(calls) <= ROWS + 1
+
+
+def test_loss_on_prompt_is_refused_for_image_rows_before_training(tmp_path):
+    """Image tokens carry no label; train.loss_on_prompt would put one on them, so such data is refused by key."""
+    from draftsmith.core.errors import UserError
+    from draftsmith.train.loop import Trainer
+
+    target = vlm.vlm_target("gemma3-vl")
+    cfg = _recipe(tmp_path, tmp_path / "unused-target", _data(tmp_path), "lop")
+    cfg.train.loss_on_prompt = True
+    with pytest.raises(UserError, match="train.loss_on_prompt.*images"):
+        Trainer(cfg, target)
