@@ -140,10 +140,12 @@ def test_the_shipped_smollm2_answers_answer_every_prompt_of_the_recipe(tmp_path,
 
     cfg = config.load(str(REPO / "recipes" / "cpu" / "eagle3-smollm2-135m.yaml"))
     assert cfg.regenerate.generator == "answers"
-    monkeypatch.chdir(tmp_path)  # the recipe's prompt path is relative to where it runs
-    prompts = tmp_path / cfg.data.path[0]
-    subprocess.run([sys.executable, str(REPO / "scripts" / "build_regen_prompts.py"), "--scale", "2.5",
-                    "--data-dir", str(SHARED / "data"), "--out", str(prompts)], check=True, capture_output=True)
+    monkeypatch.chdir(tmp_path)  # the recipe's prompt paths are relative to where it runs
+    extra, base = (tmp_path / path for path in cfg.data.path)  # what --scale 10 adds, then the --scale 2.5 rows
+    build = [sys.executable, str(REPO / "scripts" / "build_regen_prompts.py"), "--data-dir", str(SHARED / "data")]
+    subprocess.run([*build, "--scale", "2.5", "--out", str(base)], check=True, capture_output=True)
+    subprocess.run([*build, "--scale", "10", "--minus", f"{base}:1648", "--out", str(extra)], check=True,
+                   capture_output=True)
     rc = cfg.regenerate
     answers = regenerate.AnswersGenerator(
         RegenerateConfig(generator="answers", answers_file=str(REPO / rc.answers_file),
