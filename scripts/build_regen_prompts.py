@@ -89,7 +89,12 @@ def build(data_dir: Path, holdout: int, caps: dict[str, int], max_chars: int) ->
 def without_rows_of(rows: list[dict], spec: str) -> list[dict]:
     """rows minus those whose messages the first N rows of FILE hold (spec "FILE:N", or "FILE" for all)."""
     path, _, n = spec.rpartition(":") if spec.rpartition(":")[2].isdigit() else (spec, "", "")
-    held = _jsonl(Path(path))[: int(n) if n else None]
+    if not Path(path).is_file():
+        raise SystemExit(f"--minus {spec}: no such file {path} (build it first, e.g. with --scale 2.5)")
+    rows_of_file = _jsonl(Path(path))
+    if n and len(rows_of_file) < int(n):
+        raise SystemExit(f"--minus {spec}: {path} has {len(rows_of_file)} rows, fewer than {n}")
+    held = rows_of_file[: int(n) if n else None]
     taken = {json.dumps(r["messages"], sort_keys=True) for r in held}
     return [r for r in rows if json.dumps(r["messages"], sort_keys=True) not in taken]
 

@@ -6,14 +6,15 @@ target layer's weights as follows:
     embedding half (columns 0..h) is zeros (embed_half="zeros": the layer starts as the target layer
     applied to the hidden state, and learns what the next token adds) or the same copy
     (embed_half="copy": both halves read like the target's input);
-  - o_proj, the MLP (gate/up/down) and post_attention_layernorm: copied;
-  - the target's input_layernorm weight: copied into both norms in front of the attention
-    (hidden_norm and input_layernorm).
+  - o_proj and the MLP (gate/up/down): copied;
+  - the norms by the scale they apply (norm_scale): post_attention_layernorm's into the draft layer's, the
+    target's input_layernorm into both norms in front of the attention (hidden_norm and input_layernorm).
 The drafter's final norm (in front of its lm_head, which starts as the target's rows) takes the scale of the
 target's final norm (`copy_final_norm`): with the target's lm_head behind it, only the target's own scale
 turns a target-like state into the target's logits.
 A layer with norms the draft layer does not run (Qwen3's and Gemma 3's q_norm / k_norm, Gemma's sandwich
-norms around the MLP) is refused: its copy would not compute what that layer computes.
+norms around the MLP) is refused by `train` (check_layer, before any data): its copy would not compute what that
+layer computes. Loading a drafter trained that way earlier does not ask: its own weights replace the start.
 The target layer must have the draft layer's shape (drafter.num_heads / num_kv_heads / head_dim /
 intermediate_size left at the target's); otherwise one line says which option to drop.
 """
@@ -72,6 +73,7 @@ def _check_rms_norm(norm: nn.Module | None, what: str) -> None:
                         "not an RMSNorm with a weight that the drafter's norms can copy; use drafter.layer_init=random")
 
 
+@torch.no_grad()
 def norm_scale(norm: nn.Module, width: int) -> torch.Tensor:
     """[width] fp32: the per-channel scale an RMSNorm applies, read off the module itself (a constant input comes
     out as its scale; a large one, so eps does not show), so a norm that stores 1 + w (Gemma) reads right too."""

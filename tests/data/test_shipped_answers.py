@@ -153,3 +153,9 @@ def test_the_shipped_smollm2_answers_answer_every_prompt_of_the_recipe(tmp_path,
     summary = regenerate.regenerate(cfg.data.path, answers, str(tmp_path / "answers.jsonl"), limit=rc.limit,
                                     log=lambda *_: None)
     assert (summary.input, summary.success, summary.error) == (rc.limit, rc.limit, 0)
+    # the held-out rows (the last eval_samples) are the last of the --scale 2.5 file's first 1,648, as before
+    assert len(extra.read_text().splitlines()) == rc.limit - 1648
+    base_rows = [json.loads(line)["messages"] for line in base.read_text().splitlines()][:1648]
+    written = [json.loads(line)["messages"] for line in (tmp_path / "answers.jsonl").read_text().splitlines()]
+    held = cfg.data.eval_samples
+    assert [m[:-1] for m in written[-held:]] == base_rows[-held:]
