@@ -49,10 +49,7 @@ def check_layer(source: nn.Module, where: str) -> None:
     """Training's check (heads.check_for_training, before any data is read): `source` is a layer the draft layer
     can start as. Loading a trained drafter does not ask it: its own weights replace the copy."""
     src = source.state_dict()
-    for name in (*COPIED, *SPLIT, "input_layernorm.weight"):
-        if name not in src:
-            raise UserError(f"drafter.layer_init=target: {where} has no {name} (not a Llama-style layer); "
-                            "use drafter.layer_init=random")
+    _require_llama_weights(src, where)
     extra_norms = sorted(k for k in src if "norm" in k and k not in LLAMA_NORMS)
     if extra_norms:
         raise UserError(f"drafter.layer_init=target: {where} also runs {', '.join(extra_norms)}, which the draft layer "
@@ -60,6 +57,13 @@ def check_layer(source: nn.Module, where: str) -> None:
                         "drafter.layer_init=random")
     for name in ("input_layernorm", "post_attention_layernorm"):
         _check_rms_norm(getattr(source, name, None), f"{where}'s {name}")
+
+
+def _require_llama_weights(src: dict, where: str) -> None:
+    for name in (*COPIED, *SPLIT, "input_layernorm.weight"):
+        if name not in src:
+            raise UserError(f"drafter.layer_init=target: {where} has no {name} (not a Llama-style layer); "
+                            "use drafter.layer_init=random")
 
 
 def check_final_norm(target) -> None:
@@ -89,10 +93,7 @@ def copy_layer(draft_layer: nn.Module, hidden_norm: nn.Module, input_norm: nn.Mo
     docstring says; the norms by their scale (norm_scale)."""
     src = source.state_dict()
     dst = draft_layer.state_dict()
-    for name in (*COPIED, *SPLIT, "input_layernorm.weight"):
-        if name not in src:
-            raise UserError(f"drafter.layer_init=target: {where} has no {name} (not a Llama-style layer); "
-                            "use drafter.layer_init=random")
+    _require_llama_weights(src, where)
     for name in COPIED:
         if dst[name].shape != src[name].shape:
             raise UserError(f"drafter.layer_init=target: {where}'s {name} is {tuple(src[name].shape)}, the draft layer's "
