@@ -250,6 +250,29 @@ def learning_curve(plan, later: list, path: Path, title: str, until: float | Non
     return _save(fig, path)
 
 
+def curves_side_by_side(series: dict[str, list[tuple[float, tuple[float, ...]]]], path: Path, title: str) -> Path:
+    """Held-out acc_i against training tokens for several trainers or runs on the same rows, one panel per
+    draft position (benchmarks/plot_peer_curves.py: draftsmith against speculators).
+    series: label -> [(tokens seen, (acc_0, acc_1, ...)), ...]."""
+    series = {label: sorted(points) for label, points in series.items() if points}
+    if not series:
+        raise UserError(f"{path}: no curve to draw")
+    positions = min(len(accs) for points in series.values() for _, accs in points)
+    if positions < 1:
+        raise UserError(f"{path}: the curves hold no held-out accuracy")
+    fig, axes = _panels(positions, width=4.6, height=3.6)
+    colors = _colors(list(series))
+    for i, ax in enumerate(axes):
+        for label, points in series.items():
+            ax.plot([t / 1e6 for t, _ in points], [a[i] for _, a in points], "o-", ms=3, lw=1.2,
+                    color=colors[label], label=label)
+        ax.set(title=f"acc_{i}", xlabel="training tokens seen (M)", ylabel="held-out accuracy")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
 def acceptance_vs_context(rows: list[Row], path: Path, title: str) -> Path | None:
     """tau per context bin (eval/bins.py: prompt + output position at the round's start), one line per
     drafter, a panel per workload; None when no row has more than one context bin."""
