@@ -194,6 +194,10 @@ class Trainer:
         self.resume_path = self._resume_path()
         self._claim_output_dir(overwrite)
         self.ctx = parallel.setup(tc, device)
+        # Every rank has checked output_dir before rank 0 writes in it (metrics.jsonl below): torch's
+        # init_process_group no longer waits for all ranks, so a slow rank would find rank 0's new log
+        # and refuse the directory as another run's.
+        self.ctx.barrier()
         self.scaler = grad_scaler_for(tc, self.ctx.device)
         seed_everything(tc.seed)
         if target is None and tc.target_sharding == "fsdp2":  # meta-device load: no rank holds the whole target

@@ -124,3 +124,23 @@ def test_loss_on_prompt_is_refused_for_a_kind_without_target_labels_by_key():
     config.from_dict({**packed, "drafter": {"kind": "eagle3"}})  # its labels stay in their document
     with pytest.raises(config.ConfigError, match="train.loss_on_prompt: drafter kind peagle.*data.pack_length"):
         config.from_dict({**packed, "drafter": {"kind": "peagle"}})
+
+
+def test_every_rank_checks_output_dir_before_rank_0_writes_in_it(tiny_run, monkeypatch):
+    """Ranks meet at a barrier between the output_dir check and the first write (metrics.jsonl): without it a
+    rank that starts late finds rank 0's fresh log and refuses the directory (a 2-rank fsdp2 run failed so)."""
+    from draftsmith.train import loop, parallel
+
+    events = []
+    claim, setup, logger = Trainer._claim_output_dir, parallel.setup, loop.MetricsLogger
+
+    def recording_setup(*args, **kwargs):
+        ctx = setup(*args, **kwargs)
+        monkeypatch.setattr(ctx, "barrier", lambda: events.append("barrier"))
+        return ctx
+
+    monkeypatch.setattr(Trainer, "_claim_output_dir", lambda self, overwrite: (events.append("check"), claim(self, overwrite)))
+    monkeypatch.setattr(parallel, "setup", recording_setup)
+    monkeypatch.setattr(loop, "MetricsLogger", lambda *a, **k: (events.append("first write"), logger(*a, **k))[1])
+    Trainer(tiny_run("ranks-meet")).release()
+    assert events[:3] == ["check", "barrier", "first write"], events
