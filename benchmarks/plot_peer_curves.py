@@ -15,7 +15,6 @@ recipe measured on the same rows:
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -27,10 +26,6 @@ from draftsmith.core.files import check_output_file, read_json_object  # noqa: E
 from draftsmith.report import learning_curve, plots  # noqa: E402
 
 TRAINERS = ("draftsmith", "speculators")
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def curve_points(curve: list, where: str = "curve") -> list[tuple[float, tuple[float, ...]]]:
@@ -48,7 +43,8 @@ def curve_points(curve: list, where: str = "curve") -> list[tuple[float, tuple[f
         if not accs:
             continue
         tokens = row.get("tokens_seen")
-        if not _number(tokens) or tokens < 0 or not all(_number(a) and 0 <= a <= 1 for a in accs):
+        number = learning_curve.finite_number
+        if not number(tokens) or tokens < 0 or not all(number(a) and 0 <= a <= 1 for a in accs):
             raise UserError(f"{where} row {n}: tokens_seen must be a number >= 0 and eval_acc_* numbers in 0..1, got "
                             f"tokens_seen={str(tokens)[:40]!r}, eval_acc={str(accs)[:80]}; the report is damaged: "
                             "run the bench again")

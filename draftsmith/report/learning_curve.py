@@ -123,7 +123,7 @@ def read_points(run: Path) -> tuple[list[Point], Optional[float]]:
         if not isinstance(record, dict):
             continue
         speed = record.get("tokens_per_s_total")
-        if _number(speed) and speed > 0:
+        if finite_number(speed) and speed > 0:
             speeds.append(float(speed))
         if "eval_acc_0" not in record:
             continue
@@ -135,7 +135,7 @@ def read_points(run: Path) -> tuple[list[Point], Optional[float]]:
         if record.get("tokens_seen") is None:
             raise UserError(f"{file}:{n}: a held-out evaluation without `tokens_seen` (a run from before draftsmith "
                             "logged it); `draftsmith plan` needs the tokens seen at each evaluation: train again")
-        if not all(_number(v) for v in values) or not all(0 <= a <= 1 for a in accs) or values[1] < 0:
+        if not all(finite_number(v) for v in values) or not all(0 <= a <= 1 for a in accs) or values[1] < 0:
             raise UserError(f"{file}:{n}: step, tokens_seen and eval_acc_* must be numbers (accuracies in 0..1), "
                             f"got {line[:120]!r}; the file is damaged")
         by_step[int(record["step"])] = Point(int(record["step"]), float(record["tokens_seen"]), tuple(map(float, accs)))
@@ -144,7 +144,7 @@ def read_points(run: Path) -> tuple[list[Point], Optional[float]]:
     return points, (speeds[len(speeds) // 2] if speeds else None)
 
 
-def _number(v) -> bool:
+def finite_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
