@@ -112,6 +112,18 @@ class DeepSpeedConfig:
 
 
 @dataclass
+class WorkloadEvalConfig:
+    # At each held-out evaluation (train.eval_every), also measure the drafter on the target's own greedy answers
+    # to the first num_prompts prompts of these `draftsmith eval` workloads (mt_bench, gsm8k, jsonl:PATH, ...):
+    # the contexts draftsmith's loop sees, so the logged eval_<workload>_acc_i are the loop's acceptance
+    # (train/workload_eval.py), and `draftsmith plan RUN --workload NAME` fits them.
+    workloads: list[str] = field(default_factory=list)
+    num_prompts: int = 10
+    max_new_tokens: int = 128
+    prompt_format: Literal["auto", "chat", "plain", "raw"] = "auto"
+
+
+@dataclass
 class TrainConfig:
     output_dir: str = "runs/default"
     seed: int = 0
@@ -134,6 +146,7 @@ class TrainConfig:
     save_every: int = 0  # 0: only the final checkpoint
     keep_last: int = 2
     eval_every: int = 0
+    workload_eval: WorkloadEvalConfig = field(default_factory=WorkloadEvalConfig)
     # Continue from the newest checkpoint in output_dir (true), a path, or start fresh (false).
     resume: Union[bool, str] = False
     # Warm start: load drafter weights only from a checkpoint directory or a `draftsmith export` directory.
@@ -498,6 +511,7 @@ def _semantic_checks(cfg: RecipeConfig) -> list[str]:
                         "and features.dir: DIR")
     problems.extend(_label_topk_checks(cfg))
     problems.extend(_loss_on_prompt_checks(cfg))
+    problems.extend(_workload_eval_checks(cfg))
     if cfg.data.max_length < 8:
         problems.append("data.max_length: must be >= 8 tokens")
     if cfg.data.pack_length is not None and cfg.data.pack_length < cfg.data.max_length:
@@ -538,6 +552,30 @@ def _loss_on_prompt_checks(cfg: RecipeConfig) -> list[str]:
         return [f"train.loss_on_prompt: drafter kind {cfg.drafter.kind}'s labels run past the end of a packed document, "
                 "into the next one's prompt; unset data.pack_length or train.loss_on_prompt"]
     return []
+
+
+def _workload_eval_checks(cfg: RecipeConfig) -> list[str]:
+    """train.workload_eval: text workloads, evaluated at some step, on a target every rank holds whole."""
+    t, w = cfg.train, cfg.train.workload_eval
+    if not w.workloads:
+        return []
+    problems = [message for ok, message in [
+        (w.num_prompts >= 1, f"train.workload_eval.num_prompts: must be >= 1, got {w.num_prompts}"),
+        (w.max_new_tokens >= 1, f"train.workload_eval.max_new_tokens: must be >= 1, got {w.max_new_tokens}"),
+        (t.eval_every >= 1, "train.workload_eval: its workloads are measured at each held-out evaluation; set "
+                            "train.eval_every (e.g. train.max_steps / 10)"),
+        (t.target_sharding == "replicate", "train.workload_eval: the target answers its prompts on each rank alone, "
+                                           "which a target sharded over ranks cannot; set train.target_sharding: "
+                                           "replicate or remove train.workload_eval"),
+    ] if not ok]
+    images = [n for n in w.workloads if n == "images" or n.startswith("images:")]
+    if images:  # the names themselves are checked when training starts (train/workload_eval.prompts)
+        problems.append(f"train.workload_eval.workloads: {images[0]} is an image workload; training evaluates text "
+                        "prompts only (measure images with `draftsmith eval`)")
+    if "long_context" in w.workloads:
+        problems.append("train.workload_eval.workloads: long_context fills the target's positions, which every "
+                        "evaluation would run the drafter over; measure it with `draftsmith eval`")
+    return problems
 
 
 # Bounds past which a value means nothing (a NaN checkpoint, or memory no machine has).

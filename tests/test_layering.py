@@ -105,6 +105,10 @@ def test_the_library_never_imports_a_command_module():
 ALLOWED_BETWEEN_STAGES = {
     # train.init_from warm-starts from an export directory through that format's own re-import (load_back)
     ("draftsmith.train.checkpoint", "draftsmith.export"),
+    # train.workload_eval measures the drafter on the contexts draftsmith's loop will see: the workload's prompts as
+    # `draftsmith eval` reads and encodes them, answered by the loop itself with no drafter (a copy could drift)
+    ("draftsmith.train.workload_eval", "draftsmith.eval.workloads"),
+    ("draftsmith.train.workload_eval", "draftsmith.eval.loop"),
 }
 
 

@@ -6,9 +6,11 @@ tokens and hours a tau goal needs (draftsmith/report/learning_curve.py has the m
     draftsmith plan runs/eagle3-stories260k --goal-tau 2.5 --k 3
     draftsmith plan runs/NAME --upto-tokens 250000      # fit the first part of a run only
     draftsmith plan runs/NAME --plot curve.png           # the points, the fitted curves and their bands
+    draftsmith plan runs/NAME --workload mt_bench --goal-tau 1.8   # the loop's contexts (train.workload_eval)
 
 The speedup column needs costs: RUN/speedup_profile.json or RUN/final/speedup_profile.json
-(`draftsmith profile RUN/final`), read at batch 1 for its first workload.
+(`draftsmith profile RUN/final`), read at batch 1 for its first workload (with --workload, that workload's
+entry; none when the profile did not measure it).
 """
 from __future__ import annotations
 
@@ -26,6 +28,10 @@ def add_arguments(p) -> None:
     p.add_argument("--upto-tokens", type=float, default=None,
                    help="fit only the evaluations at or below this many tokens seen, and print the fit's prediction "
                         "against the run's last evaluation (to check a prediction)")
+    p.add_argument("--workload", default=None, metavar="NAME",
+                   help="fit the drafter's acceptance on this workload's prompts (the target's own greedy answers, the "
+                        "contexts draftsmith's loop sees; logged when the recipe sets train.workload_eval) instead of "
+                        "the held-out rows")
     p.add_argument("--plot", type=Path, default=None, metavar="PNG",
                    help="also draw the held-out points and each position's fitted curve with its band to this PNG")
 
@@ -40,16 +46,18 @@ def main(args) -> int:
         raise UserError(f"--plot {args.plot}: the picture is a PNG; give a path ending in .png")
     if args.goal_tau is not None and not args.goal_tau >= 1:
         raise UserError(f"--goal-tau {args.goal_tau}: must be >= 1 (tau counts the committed tokens per round)")
-    points, speed = lc.read_points(run)
+    points, speed = lc.read_points(run, args.workload)
+    series = args.workload or "held-out"
     later = []
     if args.upto_tokens is not None:
         later = [p for p in points if p.tokens > args.upto_tokens]
         points = [p for p in points if p.tokens <= args.upto_tokens]
-    speedup_at, k_default = _profile_speedup(run)
+    speedup_at, k_default = _profile_speedup(run, args.workload)
     k = args.k or k_default or 3
     if args.goal_tau is not None and args.goal_tau > k + 1:
         raise UserError(f"--goal-tau {args.goal_tau:g}: above k + 1 = {k + 1}, the most tau a round of k={k} can commit")
-    plan = lc.make_plan(points, speed, sorted({1, 2, 3, 4, 5, k}), args.goal_tau, k, speedup_at, where=str(run))
+    plan = lc.make_plan(points, speed, sorted({1, 2, 3, 4, 5, k}), args.goal_tau, k, speedup_at, where=str(run),
+                        series=series)
     print(lc.report(plan))
     for line in lc.check_lines(plan, later):
         print(line)
@@ -57,12 +65,13 @@ def main(args) -> int:
         from draftsmith.report import plots
 
         goal = plan.goal_tokens if plan.goal_tokens and plan.goal_tokens < 100 * points[-1].tokens else None
-        print(f"picture: {plots.learning_curve(plan, later, args.plot, f'{run.name}: held-out acceptance', goal)}")
+        print(f"picture: {plots.learning_curve(plan, later, args.plot, f'{run.name}: {series} acceptance', goal)}")
     return 0
 
 
-def _profile_speedup(run: Path):
-    """(speedup_at(acceptance, k) at batch 1 from the run's speedup profile, its recommended k), or (None, None)."""
+def _profile_speedup(run: Path, workload: str | None = None):
+    """(speedup_at(acceptance, k) at batch 1 from the run's speedup profile, its recommended k), or (None, None).
+    The profile's entry for `workload` when it measured one, else its first."""
     from draftsmith.checkpoint import read_speedup_profile
     from draftsmith.eval import profile as profile_mod
 
@@ -71,7 +80,16 @@ def _profile_speedup(run: Path):
         return None, None
     where, profile = found
     try:
-        name, acc = next(iter(profile["acceptance"].items()))
+        measured = profile["acceptance"]
+        if workload is not None:  # that workload's entry, or no speedup (another workload's costs would mislead)
+            from draftsmith.report.learning_curve import metric_key
+
+            name = next((n for n in measured if metric_key(n) == metric_key(workload)), None)
+            if name is None:
+                return None, None
+        else:
+            name = next(iter(measured))
+        acc = measured[name]
         context = profile["recommendation"][name]["context"]
         table = profile["verify_cost"]
         k_max = int(profile["settings"]["k_max"])

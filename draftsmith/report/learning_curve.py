@@ -7,7 +7,8 @@ line `train` prints at each held-out evaluation).
     print(plan_line(plan))
 
 Data: each metrics.jsonl record of a held-out evaluation has `eval_acc_i` (the drafter's held-out
-accuracy at draft position i; for a chain drafter trained with training-time test, step i of the
+accuracy at draft position i, or `eval_<workload>_acc_i` on a workload's prompts with train.workload_eval,
+which read_points(run, workload) reads; for a chain drafter trained with training-time test, step i of the
 teacher-forced unroll, which stands for the conditional acceptance a_i) and `tokens_seen` (the
 training tokens, padding excluded, that went in before it). Training speed is the median of the
 logged `tokens_per_s_total`.
@@ -35,6 +36,7 @@ import json
 import math
 import os
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -95,6 +97,7 @@ class Plan:
     goal_tokens: Optional[float] = None    # total tokens at which the goal is reached (None: not within reach)
     goal_tokens_range: tuple[Optional[float], Optional[float]] = (None, None)
     speedup: dict[int, float] = field(default_factory=dict)  # predicted speedup of tau_now per k, when costs exist
+    series: str = "held-out"               # what the points measure: the held-out rows, or a workload's name
 
 
 def _value(a: float, b: float, c: float, tokens: float) -> float:
@@ -103,10 +106,14 @@ def _value(a: float, b: float, c: float, tokens: float) -> float:
 
 
 # ------------------------------------------------------------------ reading
-def read_points(run: Path) -> tuple[list[Point], Optional[float]]:
+def read_points(run: Path, workload: Optional[str] = None) -> tuple[list[Point], Optional[float]]:
     """RUN/metrics.jsonl -> (held-out points in step order, median training tokens/s or None).
+    workload: the points of that train.workload_eval workload (`eval_<workload>_acc_i`) instead.
     A torn line (a killed run's last) is skipped; a record whose eval or token values are not numbers
     is one line naming the file and line."""
+    def key(i: int) -> str:
+        return metric_name(workload, f"acc_{i}") if workload else f"eval_acc_{i}"
+
     run = Path(run)
     file = run if run.name == METRICS_FILE or (run.exists() and not run.is_dir()) else run / METRICS_FILE
     if not os.path.lexists(file):
@@ -115,6 +122,7 @@ def read_points(run: Path) -> tuple[list[Point], Optional[float]]:
     text = read_received_text(file, "metrics log", MAX_LOG_BYTES)
     by_step: dict[int, Point] = {}
     speeds: list[float] = []
+    logged: set[str] = set()  # the workloads this run evaluated on (named when `workload` is not one of them)
     for n, line in enumerate(text.splitlines(), 1):
         try:
             record = json.loads(line)
@@ -125,23 +133,44 @@ def read_points(run: Path) -> tuple[list[Point], Optional[float]]:
         speed = record.get("tokens_per_s_total")
         if finite_number(speed) and speed > 0:
             speeds.append(float(speed))
-        if "eval_acc_0" not in record:
+        logged.update(k[len("eval_"):-len("/acc_0")] for k in record if k.startswith("eval_") and k.endswith("/acc_0"))
+        if key(0) not in record:
             continue
         accs, i = [], 0
-        while f"eval_acc_{i}" in record:
-            accs.append(record[f"eval_acc_{i}"])
+        while key(i) in record:
+            accs.append(record[key(i)])
             i += 1
         values = [record.get("step"), record.get("tokens_seen"), *accs]
         if record.get("tokens_seen") is None:
             raise UserError(f"{file}:{n}: a held-out evaluation without `tokens_seen` (a run from before draftsmith "
                             "logged it); `draftsmith plan` needs the tokens seen at each evaluation: train again")
         if not all(finite_number(v) for v in values) or not all(0 <= a <= 1 for a in accs) or values[1] < 0:
-            raise UserError(f"{file}:{n}: step, tokens_seen and eval_acc_* must be numbers (accuracies in 0..1), "
+            raise UserError(f"{file}:{n}: step, tokens_seen and {key(0)[:-1]}* must be numbers (accuracies in 0..1), "
                             f"got {line[:120]!r}; the file is damaged")
         by_step[int(record["step"])] = Point(int(record["step"]), float(record["tokens_seen"]), tuple(map(float, accs)))
     points = sorted(by_step.values(), key=lambda p: p.step)
+    if workload and not points:
+        named = ", ".join(sorted(logged)) or "none (the run had no train.workload_eval)"
+        raise UserError(f"{file}: no evaluation on workload {workload!r} is logged; the run's workloads: {named}")
+    if not workload and not points and logged:
+        raise UserError(f"{file}: this run logged no held-out evaluation, only its workloads' ({', '.join(sorted(logged))}); "
+                        "pass --workload NAME")
     speeds.sort()
     return points, (speeds[len(speeds) // 2] if speeds else None)
+
+
+def metric_key(name: str) -> str:
+    """A workload name as it appears in metric names (`eval_<key>/acc_i`): letters, digits, '_' and '.'
+    (spec_bench/qa -> spec_bench.qa); a jsonl:PATH workload by its file's stem (jsonl:/x/chats.jsonl -> chats)."""
+    if name.startswith("jsonl:"):
+        name = Path(name.split(":", 1)[1]).stem
+    return re.sub(r"[^A-Za-z0-9_.]", ".", name)
+
+
+def metric_name(name: str, metric: str) -> str:
+    """The logged name of one workload's metric: metric_name("mt_bench", "acc_0") -> "eval_mt_bench/acc_0". The '/'
+    is in no key and no drafter's metric name, so no workload's name meets the held-out rows' (eval_<metric>)."""
+    return f"eval_{metric_key(name)}/{metric}"
 
 
 def finite_number(v) -> bool:
@@ -193,16 +222,18 @@ def _fit_once(xs: list[float], ys: list[float], power: float = WEIGHT_POWER) -> 
 # ------------------------------------------------------------------ planning
 def make_plan(points: list[Point], tokens_per_s: Optional[float] = None, k_values: list[int] = (1, 2, 3, 4, 5),
               goal_tau: Optional[float] = None, goal_k: Optional[int] = None,
-              speedup_at: Optional[Callable[[list[float], int], float]] = None, where: str = "the run") -> Plan:
+              speedup_at: Optional[Callable[[list[float], int], float]] = None, where: str = "the run",
+              series: str = "held-out") -> Plan:
     """Fit each logged position's curve and predict tau, speedup and the tokens a tau goal needs.
-    speedup_at(acceptance, k) -> predicted speedup (from a speedup profile or measured costs), or None."""
+    speedup_at(acceptance, k) -> predicted speedup (from a speedup profile or measured costs), or None.
+    series: what the points measure ("held-out", or a workload's name), as the texts say it."""
     if len(points) < MIN_POINTS:
-        raise UserError(f"{where}: {len(points)} held-out evaluation(s) logged; the curve needs at least {MIN_POINTS} "
+        raise UserError(f"{where}: {len(points)} {series} evaluation(s) logged; the curve needs at least {MIN_POINTS} "
                         "(set train.eval_every so that a run evaluates at least 4 times, e.g. train.max_steps / 6)")
     positions = min(len(p.acc) for p in points)
     xs = [p.tokens for p in points]
     if len(set(xs)) < 3:
-        raise UserError(f"{where}: the held-out evaluations were logged at {len(set(xs))} distinct token counts; "
+        raise UserError(f"{where}: the {series} evaluations were logged at {len(set(xs))} distinct token counts; "
                         "the curve needs at least 3")
     curves = [fit(xs, [p.acc[i] for p in points], seed=i) for i in range(positions)]
     now = xs[-1]
@@ -219,7 +250,7 @@ def make_plan(points: list[Point], tokens_per_s: Optional[float] = None, k_value
     acc0_next = (curves[0].at(2 * now), lo, hi)
     flattened = acc0_next[0] - curves[0].at(now) < FLAT_GAIN
     plan = Plan(points, curves, tokens_per_s, k_values, tau_now, tau_measured, tau_ceiling, acc0_next, flattened,
-                k=goal_k or max(k_values))
+                k=goal_k or max(k_values), series=series)
     if speedup_at is not None:
         plan.speedup = {k: speedup_at(accs(now), k) for k in k_values}
     if goal_tau is not None:
@@ -263,7 +294,7 @@ def plan_line(plan: Plan) -> str:
     now = plan.points[-1].tokens
     k = plan.k
     v, lo, hi = plan.acc0_next
-    text = (f"plan: {_tokens(now)} tokens, held-out acc_0 {plan.points[-1].acc[0]:.3f} (fit {plan.curves[0].at(now):.3f}); "
+    text = (f"plan: {_tokens(now)} tokens, {plan.series} acc_0 {plan.points[-1].acc[0]:.3f} (fit {plan.curves[0].at(now):.3f}); "
             f"at {_tokens(2 * now)}: acc_0 {v:.3f} [{lo:.3f}, {hi:.3f}]; tau(k={k}) {plan.tau_now[k]:.2f} now, "
             f"ceiling {plan.tau_ceiling[k]:.2f}")
     if plan.flattened:
@@ -290,7 +321,7 @@ def goal_text(plan: Plan) -> str:
 
 def report(plan: Plan) -> str:
     """The table `draftsmith plan` prints: the points, each position's curve, tau and speedup per k, the goal."""
-    lines = ["held-out acceptance against training tokens:",
+    lines = [f"{plan.series} acceptance against training tokens:",
              "  step   tokens   " + "  ".join(f"acc_{i}" for i in range(len(plan.curves)))]
     for p in plan.points:
         lines.append(f"  {p.step:>5} {_tokens(p.tokens):>8}   " + "  ".join(f"{a:.3f}" for a in p.acc[:len(plan.curves)]))
@@ -309,7 +340,9 @@ def report(plan: Plan) -> str:
         lines.append(f"  k={k}: measured {plan.tau_measured[k]:.2f}  fitted {plan.tau_now[k]:.2f}  "
                      f"ceiling {plan.tau_ceiling[k]:.2f}{s}")
     if not plan.speedup:
-        lines.append("  (no speedup: no speedup_profile.json in the run or its final/; run `draftsmith profile RUN/final`)")
+        lines.append("  (no speedup: no speedup_profile.json in the run or its final/, or none that measured this "
+                     "workload; run `draftsmith profile RUN/final`)" if plan.series != "held-out" else
+                     "  (no speedup: no speedup_profile.json in the run or its final/; run `draftsmith profile RUN/final`)")
     if plan.tokens_per_s:
         lines.append(f"training speed: {plan.tokens_per_s:.0f} tokens/s (median of the logged tokens_per_s_total)")
     lines.append(plan_line(plan))

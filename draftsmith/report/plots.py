@@ -221,7 +221,7 @@ def training_curve(log_path: Path, path: Path, title: str) -> Path:
 
 
 def learning_curve(plan, later: list, path: Path, title: str, until: float | None = None) -> Path:
-    """`draftsmith plan --plot`: held-out acc_i against training tokens (log axis), each position's fitted
+    """`draftsmith plan --plot`: plan.series acc_i (held-out or a workload) against training tokens (log axis), each fitted
     curve with its 10-90 % bootstrap band out to `until` tokens (default 2x the last fitted point), and
     the evaluations the fit did not see (`--upto-tokens`) as open markers."""
     now = plan.points[-1].tokens
@@ -234,7 +234,7 @@ def learning_curve(plan, later: list, path: Path, title: str, until: float | Non
     for i, curve in enumerate(plan.curves):
         color = colors[f"acc_{i}"]
         ax.plot([p.tokens for p in plan.points], [p.acc[i] for p in plan.points], "o", color=color, ms=4,
-                label=f"acc_{i} held-out")
+                label=f"acc_{i} {plan.series}")
         ax.plot(xs, [curve.at(x) for x in xs], "-", color=color, lw=1.2)
         band = [curve.interval(x) for x in xs]
         ax.fill_between(xs, [b[0] for b in band], [b[1] for b in band], color=color, alpha=0.15, lw=0)
@@ -244,7 +244,7 @@ def learning_curve(plan, later: list, path: Path, title: str, until: float | Non
                     label=f"acc_{i} not fitted")
     ax.axvline(now, color="grey", lw=0.8, ls=":")
     ax.set_xscale("log")
-    ax.set(title=title, xlabel="training tokens seen", ylabel="held-out accuracy", ylim=(0, 1.0))
+    ax.set(title=title, xlabel="training tokens seen", ylabel=f"{plan.series} accuracy", ylim=(0, 1.0))
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, ncol=2)
     return _save(fig, path)

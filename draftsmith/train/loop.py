@@ -214,7 +214,17 @@ class Trainer:
         options = cfg.drafter.options
         check_for_training(self.target, cfg.drafter.kind, options)  # `draftsmith inspect`'s refusals, before any data
         check_positions(cfg, options, self.target)
+        if tc.workload_eval.workloads:  # a bad workload is named before any data is read
+            from draftsmith.train import workload_eval
+
+            workload_eval.prompts(tc.workload_eval)
         self.train_set, self.heldout, counts = load_data(cfg, self.target, drafter_cls, options, self.ctx, api_key_env)
+        self.workload_sets = []  # train.workload_eval: the loop's own contexts, measured beside the held-out rows
+        self.workload_eval_s = 0.0  # the last evaluation's seconds on them
+        if tc.workload_eval.workloads:
+            from draftsmith.train import workload_eval
+
+            self.workload_sets = workload_eval.build(self.target, cfg, print if self.ctx.is_main else (lambda *_: None))
         if cfg.data.pack_length:  # several documents per row (counts above are per document, unchanged)
             from draftsmith.data.packing import PackedDataset
 
@@ -423,21 +433,33 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Mean loss and per-position metrics on the held-out rows (no gradient)."""
-        from draftsmith.data import collate
+        """Mean loss and per-position metrics on the held-out rows (eval_*) and on each train.workload_eval
+        workload's rows (eval_<workload>/*), no gradient."""
+        from draftsmith.report.learning_curve import metric_name
 
         self.drafter.eval()
+        results = ({f"eval_{k}": v for k, v in self._measure(self.heldout).items()}
+                   if self.heldout is not None and len(self.heldout) else {})
+        start = time.perf_counter()
+        for w in self.workload_sets:  # train.workload_eval: the target's own answers to each workload's prompts
+            results.update({metric_name(w.name, k): v for k, v in self._measure(w.rows).items()})
+        self.workload_eval_s = time.perf_counter() - start
+        self.drafter.train()
+        return results
+
+    def _measure(self, rows) -> dict[str, float]:
+        """{"loss", "acc_0", ...}: the drafter's mean loss and per-position metrics on rows (weighted by tokens)."""
+        from draftsmith.data import collate
+
         parts, loss, tokens = [], 0.0, 0
         pad_id = self.target.tokenizer.pad_token_id or 0
-        for start in range(0, len(self.heldout), self.cfg.train.batch_size):
-            items = [self.heldout[i] for i in range(start, min(len(self.heldout), start + self.cfg.train.batch_size))]
+        for start in range(0, len(rows), self.cfg.train.batch_size):
+            items = [rows[i] for i in range(start, min(len(rows), start + self.cfg.train.batch_size))]
             batch = features.complete(self.target, move(collate(items, pad_id), self.ctx.device), self.required, self.layers)
             out = self.drafter(batch)
             loss, tokens = loss + float(out.loss), tokens + out.num_tokens
             parts.append((out.metrics, out.weights, float(out.num_tokens)))
-        self.drafter.train()
-        means = pooled_means(pool_metrics(parts))  # weighted by tokens, as in training
-        return {"eval_loss": loss / max(tokens, 1), **{f"eval_{k}": v for k, v in means.items()}}
+        return {"loss": loss / max(tokens, 1), **pooled_means(pool_metrics(parts))}  # weighted as in training
 
     # ------------------------------------------------------------------ the loop
     def run(self, stop_after: int | None = None) -> TrainResult:
@@ -470,7 +492,7 @@ class Trainer:
             log_now = self.step % max(1, tc.log_every) == 0 or self.step == self.total_steps
             save_now = tc.save_every and self.step % tc.save_every == 0
             stop_now = stop_after is not None and self.step >= stop_after
-            eval_now = bool(tc.eval_every and self.heldout is not None and len(self.heldout)
+            eval_now = bool(tc.eval_every and ((self.heldout is not None and len(self.heldout)) or self.workload_sets)
                             and self.step % tc.eval_every == 0)
             metrics = {}
             if log_now or save_now or stop_now or eval_now:  # the one host read of these steps' metrics
@@ -490,6 +512,10 @@ class Trainer:
                 line = train_line(self.output_dir)  # `draftsmith plan RUN`'s one line, once 4 evaluations exist
                 if line:
                     self.logger.info(line)
+                if self.workload_sets:
+                    from draftsmith.train.workload_eval import tau_line
+
+                    self.logger.info(f"{tau_line(metrics, self.workload_sets)} ({self.workload_eval_s:.0f} s)")
             if tc.save_every and self.step % tc.save_every == 0 and self.step < self.total_steps:
                 self.save(f"{checkpoint.STEP_PREFIX}{self.step:07d}")
             if stop_after is not None and self.step >= stop_after:
