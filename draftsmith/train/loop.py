@@ -239,6 +239,11 @@ class Trainer:
             self.drafter.compile(backend=tc.compile)  # in place: state_dict keys and wrappers unchanged
         self.required = set(self.drafter.required_features)
         self.layers = self.drafter.feature_layers()
+        if self.workload_sets:  # the target's features of the workloads' rows, once
+            from draftsmith.train.workload_eval import keep_features
+
+            keep_features(self.workload_sets, self.target, self.required, self.layers,
+                          self.target.tokenizer.pad_token_id or 0)
         from draftsmith.data.streaming import batch_stream
 
         pad_id = self.target.tokenizer.pad_token_id or 0

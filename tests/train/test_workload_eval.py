@@ -64,6 +64,13 @@ def test_each_evaluation_logs_the_workloads_acceptance_beside_the_held_out_rows(
     assert evals[-1]["eval_asks/acc_0"] == pytest.approx(again["acc_0"], abs=1e-6)  # the log keeps 6 decimals
     assert evals[-1]["eval_asks/loss"] == pytest.approx(again["loss"], abs=1e-6)
     assert evals[-1]["eval_asks/loss"] != pytest.approx(evals[-1]["eval_loss"])
+    # the target's features were kept once (not its logits, replayed from the last hidden state): the same numbers
+    # as a target forward at each evaluation
+    rows = trainer.workload_sets[0].rows
+    assert all({"aux_hidden_states", "last_hidden_state"} <= set(r) and "target_logits" not in r for r in rows)
+    with torch.no_grad():
+        online = trainer._measure([{k: r[k] for k in ("id", "input_ids", "loss_mask")} for r in rows])
+    assert online == pytest.approx(again, abs=1e-5)
     assert capsys.readouterr().out.count("on the loop's contexts: asks acc ") == 2
 
 
