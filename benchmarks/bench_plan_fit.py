@@ -4,6 +4,7 @@ the fewest plan fits) is read at the run's last evaluation and compared with wha
 point-weight power (report/learning_curve.WEIGHT_POWER: 0 = every evaluation alike, 2 = plan's weighting).
 
     python benchmarks/bench_plan_fit.py runs/levers/base runs/levers/anchors_0.25 --fraction 0.334 --powers 0 1 2
+    python benchmarks/bench_plan_fit.py runs/sweep/L-all-75 --workload mt_bench   # a workload's curve (plan --workload)
 
 Prints one row per run (errors = predicted - measured) and, per power, how many land within --within.
 """
@@ -35,13 +36,15 @@ def main() -> int:
     ap.add_argument("--fraction", type=float, default=1 / 3)
     ap.add_argument("--powers", type=int, nargs="+", default=[0, 2])
     ap.add_argument("--within", type=float, default=0.03)
+    ap.add_argument("--workload", default=None, help="a train.workload_eval workload's curve instead of the held-out "
+                                                     "rows' (plan --workload)")
     args = ap.parse_args()
     hits = {p: 0 for p in args.powers}
     print("| run | evaluations fitted (tokens) | measured acc_0 at the end (tokens) | "
           + " | ".join(f"error, power {p}" for p in args.powers) + " |")
     print("|---|---|---|" + "---|" * len(args.powers))
     for run in args.runs:
-        points, _ = lc.read_points(run)
+        points, _ = lc.read_points(run, args.workload)
         if len(points) <= lc.MIN_POINTS:
             print(f"{run}: {len(points)} evaluations, too few to check", file=sys.stderr)
             continue
