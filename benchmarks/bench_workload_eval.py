@@ -1,6 +1,6 @@
 """The drafter on the loop's own contexts, against the loop: for a checkpoint, train.workload_eval's teacher-forced
 acc_i on the target's greedy answers to each workload's first N prompts (what training logs as
-eval_<workload>_acc_i), beside the per-position acceptance and tau that `draftsmith eval` measured on the same
+eval_<workload>/acc_i), beside the per-position acceptance and tau that `draftsmith eval` measured on the same
 prompts (its result JSON, whose workloads, prompt count, answer length and prompt format are then used).
 
     python benchmarks/bench_workload_eval.py recipes/cpu/eagle3-smollm2-135m.yaml runs/sweep/L-all-60/final \

@@ -115,7 +115,7 @@ class DeepSpeedConfig:
 class WorkloadEvalConfig:
     # At each held-out evaluation (train.eval_every), also measure the drafter on the target's own greedy answers
     # to the first num_prompts prompts of these `draftsmith eval` workloads (mt_bench, gsm8k, jsonl:PATH, ...):
-    # the contexts draftsmith's loop sees, so the logged eval_<workload>_acc_i are the loop's acceptance
+    # the contexts draftsmith's loop sees, so the logged eval_<workload>/acc_i stand for the loop's acceptance
     # (train/workload_eval.py), and `draftsmith plan RUN --workload NAME` fits them.
     workloads: list[str] = field(default_factory=list)
     num_prompts: int = 10

@@ -7,7 +7,7 @@ line `train` prints at each held-out evaluation).
     print(plan_line(plan))
 
 Data: each metrics.jsonl record of a held-out evaluation has `eval_acc_i` (the drafter's held-out
-accuracy at draft position i, or `eval_<workload>_acc_i` on a workload's prompts with train.workload_eval,
+accuracy at draft position i, or `eval_<workload>/acc_i` on a workload's prompts with train.workload_eval,
 which read_points(run, workload) reads; for a chain drafter trained with training-time test, step i of the
 teacher-forced unroll, which stands for the conditional acceptance a_i) and `tokens_seen` (the
 training tokens, padding excluded, that went in before it). Training speed is the median of the
@@ -108,7 +108,7 @@ def _value(a: float, b: float, c: float, tokens: float) -> float:
 # ------------------------------------------------------------------ reading
 def read_points(run: Path, workload: Optional[str] = None) -> tuple[list[Point], Optional[float]]:
     """RUN/metrics.jsonl -> (held-out points in step order, median training tokens/s or None).
-    workload: the points of that train.workload_eval workload (`eval_<workload>_acc_i`) instead.
+    workload: the points of that train.workload_eval workload (`eval_<workload>/acc_i`) instead.
     A torn line (a killed run's last) is skipped; a record whose eval or token values are not numbers
     is one line naming the file and line."""
     def key(i: int) -> str:

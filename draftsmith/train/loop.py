@@ -214,17 +214,13 @@ class Trainer:
         options = cfg.drafter.options
         check_for_training(self.target, cfg.drafter.kind, options)  # `draftsmith inspect`'s refusals, before any data
         check_positions(cfg, options, self.target)
-        if tc.workload_eval.workloads:  # a bad workload is named before any data is read
-            from draftsmith.train import workload_eval
+        from draftsmith.train import workload_eval
 
-            workload_eval.prompts(tc.workload_eval)
+        asked = workload_eval.prompts(tc.workload_eval)  # a bad workload is named before any data is read
         self.train_set, self.heldout, counts = load_data(cfg, self.target, drafter_cls, options, self.ctx, api_key_env)
-        self.workload_sets = []  # train.workload_eval: the loop's own contexts, measured beside the held-out rows
+        # train.workload_eval: the loop's own contexts, measured beside the held-out rows
+        self.workload_sets = workload_eval.build(self.target, cfg, asked, print if self.ctx.is_main else (lambda *_: None))
         self.workload_eval_s = 0.0  # the last evaluation's seconds on them
-        if tc.workload_eval.workloads:
-            from draftsmith.train import workload_eval
-
-            self.workload_sets = workload_eval.build(self.target, cfg, print if self.ctx.is_main else (lambda *_: None))
         if cfg.data.pack_length:  # several documents per row (counts above are per document, unchanged)
             from draftsmith.data.packing import PackedDataset
 
@@ -239,11 +235,8 @@ class Trainer:
             self.drafter.compile(backend=tc.compile)  # in place: state_dict keys and wrappers unchanged
         self.required = set(self.drafter.required_features)
         self.layers = self.drafter.feature_layers()
-        if self.workload_sets:  # the target's features of the workloads' rows, once
-            from draftsmith.train.workload_eval import keep_features
-
-            keep_features(self.workload_sets, self.target, self.required, self.layers,
-                          self.target.tokenizer.pad_token_id or 0)
+        workload_eval.keep_features(self.workload_sets, self.target, self.required, self.layers,  # once
+                                    self.target.tokenizer.pad_token_id or 0)
         from draftsmith.data.streaming import batch_stream
 
         pad_id = self.target.tokenizer.pad_token_id or 0

@@ -44,6 +44,8 @@ def prompts(wc) -> dict[str, list[dict]]:
     from draftsmith.eval import workloads
 
     where = "train.workload_eval.workloads"
+    if not wc.workloads:
+        return {}
     try:
         concrete = workloads.expand(list(wc.workloads))
     except (FileNotFoundError, UnknownNameError) as exc:
@@ -71,8 +73,9 @@ def prompts(wc) -> dict[str, list[dict]]:
     return items
 
 
-def build(target, cfg, log: Callable[[str], None] = print) -> list[WorkloadRows]:
-    """The rows of each workload in cfg.train.workload_eval: its prompts and the target's greedy answers."""
+def build(target, cfg, asked: dict[str, list[dict]], log: Callable[[str], None] = print) -> list[WorkloadRows]:
+    """The rows of each workload of `asked` (prompts(cfg.train.workload_eval)): its prompts and the target's greedy
+    answers; [] when none is asked."""
     import torch  # local import: the metric names above serve `draftsmith plan`, which loads no model
 
     from draftsmith import config
@@ -80,6 +83,8 @@ def build(target, cfg, log: Callable[[str], None] = print) -> list[WorkloadRows]
     from draftsmith.eval.loop import LoopConfig, generate
     from draftsmith.targets.archs import text_config
 
+    if not asked:
+        return []
     wc = cfg.train.workload_eval
     prompt_format = wc.prompt_format
     if prompt_format == "auto":  # what `draftsmith eval` picks for a checkpoint of this recipe
@@ -90,7 +95,7 @@ def build(target, cfg, log: Callable[[str], None] = print) -> list[WorkloadRows]
         raise UserError(f"train.workload_eval.max_new_tokens {wc.max_new_tokens} leaves no room for a prompt in the "
                         f"target's {limit} positions; lower it below {limit}")
     out = []
-    for name, items in prompts(wc).items():
+    for name, items in asked.items():
         start = time.perf_counter()
         rows, answered = [], 0
         for item in items:
