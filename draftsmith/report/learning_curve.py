@@ -340,9 +340,9 @@ def report(plan: Plan) -> str:
         lines.append(f"  k={k}: measured {plan.tau_measured[k]:.2f}  fitted {plan.tau_now[k]:.2f}  "
                      f"ceiling {plan.tau_ceiling[k]:.2f}{s}")
     if not plan.speedup:
-        lines.append("  (no speedup: no speedup_profile.json in the run or its final/, or none that measured this "
-                     "workload; run `draftsmith profile RUN/final`)" if plan.series != "held-out" else
-                     "  (no speedup: no speedup_profile.json in the run or its final/; run `draftsmith profile RUN/final`)")
+        unmeasured = ", or none that measured this workload" if plan.series != "held-out" else ""
+        lines.append(f"  (no speedup: no speedup_profile.json in the run or its final/{unmeasured}; "
+                     "run `draftsmith profile RUN/final`)")
     if plan.tokens_per_s:
         lines.append(f"training speed: {plan.tokens_per_s:.0f} tokens/s (median of the logged tokens_per_s_total)")
     lines.append(plan_line(plan))
